@@ -1,0 +1,44 @@
+# Two commands on a fresh clone:  make study   and   make test
+# Each bootstraps .venv from the package index on first use.
+
+PYTHON     ?= python3
+VENV       ?= .venv
+# CPU build in CI (pip takes it from local disk there); on a GPU node use the
+# node's own build, e.g.  make study TORCH_SPEC=torch  or VENV_FLAGS=--system-site-packages
+TORCH_SPEC ?= torch==2.13.0
+VENV_FLAGS ?=
+PY         := $(VENV)/bin/python
+STAMP      := $(VENV)/.installed
+NBVAL      := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
+.PHONY: study test test-gpu notebooks lab clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PY) -m pip install -q -c constraints.txt "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -c constraints.txt -e ".[notebooks,test,peers]"
+	$(PY) -m ipykernel install --sys-prefix --name rope-study --display-name "Python (rope-study)" >/dev/null
+	touch $@
+
+# Run every notebook for this machine's device; reports/<device>/, data/<device>/.
+study: $(STAMP)
+	$(PY) -m rope_kernels run
+
+# CPU tier (Triton interpreter) + nbval regression of the notebooks.
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+	TRITON_INTERPRET=1 $(PY) -m pytest -q $(NBVAL) notebooks
+
+# The same tests compiled for the GPU, plus the GPU tier (large shapes, graphs, profiler).
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# Re-execute the notebooks with their default (CPU) parameters and store the outputs nbval compares.
+notebooks: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m rope_kernels refresh-notebooks
+
+lab: $(STAMP)
+	TRITON_INTERPRET=$${TRITON_INTERPRET:-0} $(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+clean-venv:
+	rm -rf $(VENV)

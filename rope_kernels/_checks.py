@@ -1,0 +1,107 @@
+"""Input validation shared by every kernel entry point.
+
+Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right
+kind, wrong value) with a message that names the argument, so bad input never
+reaches a Triton kernel, where it would crash or silently compute garbage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_qk(xq: torch.Tensor, xk: torch.Tensor) -> None:
+    """q and k: 3-D (tokens, heads, head_dim), same shape/dtype/device, even head_dim."""
+    for name, x in (("xq", xq), ("xk", xk)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3:
+            raise ValueError(
+                f"{name} must be 3-D (tokens, heads, head_dim), got shape {tuple(x.shape)}"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(
+                f"{name} dtype {x.dtype} is not supported; use float32, float16 or bfloat16"
+            )
+    if xq.shape != xk.shape:
+        raise ValueError(f"xq and xk differ in shape: {tuple(xq.shape)} vs {tuple(xk.shape)}")
+    if xq.dtype != xk.dtype:
+        raise TypeError(f"xq and xk differ in dtype: {xq.dtype} vs {xk.dtype}")
+    if xq.device != xk.device:
+        raise ValueError(f"xq and xk are on different devices: {xq.device} vs {xk.device}")
+    head_dim = xq.shape[-1]
+    if head_dim == 0 or head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be positive and even (pairs are rotated), got {head_dim}")
+    for name, x in (("xq", xq), ("xk", xk)):
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have a unit-stride last dimension, got strides {tuple(x.stride())}"
+            )
+
+
+def check_cos_sin(cos: torch.Tensor, sin: torch.Tensor, xq: torch.Tensor) -> None:
+    """cos/sin: float32 (tokens, head_dim/2), matching each other and q's device."""
+    tokens, _, head_dim = xq.shape
+    want = (tokens, head_dim // 2)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 (math is done in fp32), got {t.dtype}")
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{name} must have shape (tokens, head_dim/2) = {want}, got {tuple(t.shape)}"
+            )
+        if t.device != xq.device:
+            raise ValueError(f"{name} is on {t.device} but xq is on {xq.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}")
+
+
+def check_freqs_cis(freqs_cis: torch.Tensor, xq: torch.Tensor) -> None:
+    """freqs_cis: complex64 (tokens, head_dim/2) on q's device."""
+    if not isinstance(freqs_cis, torch.Tensor):
+        raise TypeError(f"freqs_cis must be a torch.Tensor, got {type(freqs_cis).__name__}")
+    if freqs_cis.dtype != torch.complex64:
+        raise TypeError(f"freqs_cis must be complex64, got {freqs_cis.dtype}")
+    tokens, _, head_dim = xq.shape
+    want = (tokens, head_dim // 2)
+    if tuple(freqs_cis.shape) != want:
+        raise ValueError(
+            f"freqs_cis must have shape (tokens, head_dim/2) = {want}, "
+            f"got {tuple(freqs_cis.shape)}"
+        )
+    if freqs_cis.device != xq.device:
+        raise ValueError(f"freqs_cis is on {freqs_cis.device} but xq is on {xq.device}")
+
+
+def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor) -> None:
+    """In-place rotation needs every element to live at its own address."""
+    for name, x in (("xq", xq), ("xk", xk)):
+        for size, stride in zip(x.shape, x.stride()):
+            if size > 1 and stride == 0:
+                raise ValueError(
+                    f"{name} is a broadcast (stride-0) view; it cannot be rotated in place"
+                )
+    if xq.numel() > 0 and xq.data_ptr() == xk.data_ptr():
+        raise ValueError("xq and xk are the same memory; they cannot both be rotated in place")
+
+
+def check_triton_device(x: torch.Tensor, what: str) -> None:
+    """Triton kernels need a GPU tensor, or the interpreter for CPU tensors."""
+    if x.device.type == "cpu" and not triton_interpreter_enabled():
+        raise ValueError(
+            f"{what} runs a Triton kernel and got CPU tensors; use a GPU "
+            "(CUDA or ROCm) or set TRITON_INTERPRET=1 before importing rope_kernels"
+        )
+
+
+def triton_interpreter_enabled() -> bool:
+    """True when Triton kernels were built for its CPU interpreter (TRITON_INTERPRET=1)."""
+    from rope_kernels import fused
+
+    return type(fused._fused_qk_rope_kernel).__name__ == "InterpretedFunction"

@@ -1,0 +1,62 @@
+"""What a user would pick instead of writing a kernel: torch.compile and Liger."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from rope_kernels._checks import check_freqs_cis, check_qk
+from rope_kernels.reference import cos_sin_views, rope_cos_sin
+
+# Static shapes mean one graph per (shape, strides, dtype). Dynamo's default
+# recompile limit (8) would then silently fall back to eager after 8 shapes and
+# the "compiled" numbers would be eager ones; we raise the limit and make
+# hitting it an error instead.
+RECOMPILE_LIMIT = 1024
+_compiled_fn = None
+
+
+def _compiled():
+    global _compiled_fn
+    if _compiled_fn is None:
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+        cfg.fail_on_recompile_limit_hit = True
+        _compiled_fn = torch.compile(rope_cos_sin, dynamic=False, fullgraph=True)
+    return _compiled_fn
+
+
+def compiled_rope(
+    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.compile (Inductor, static shapes) of the real-arithmetic cos/sin form."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    cos, sin = cos_sin_views(freqs_cis)
+    return _compiled()(xq, xk, cos, sin)
+
+
+def liger_available() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def liger_rope(
+    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Liger-Kernel's llama4 RoPE (in place, fused q/k, interleaved pairs) on copies.
+
+    Liger rotates its (batch, seq, heads, dim) inputs in place, so the caller's
+    q/k are first copied into contiguous buffers (2 copy kernels + 1 Liger kernel).
+    """
+    from liger_kernel.ops.llama4_rope import LigerLlama4RopeFunction
+
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    q = xq.clone(memory_format=torch.contiguous_format).unsqueeze(0)
+    k = xk.clone(memory_format=torch.contiguous_format).unsqueeze(0)
+    q, k = LigerLlama4RopeFunction.apply(q, k, freqs_cis)
+    return q.squeeze(0), k.squeeze(0)

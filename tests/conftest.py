@@ -1,0 +1,32 @@
+"""Test tiers: on a machine without a GPU every kernel runs in Triton's CPU
+interpreter (TRITON_INTERPRET=1, set here before rope_kernels is imported);
+with a GPU the same tests run compiled on it, and tests marked ``gpu`` add the
+large shapes, CUDA graphs and profiler checks."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import rope_kernels  # noqa: E402  (after TRITON_INTERPRET is decided)
+from rope_kernels._checks import triton_interpreter_enabled  # noqa: E402
+
+ON_GPU = torch.cuda.is_available() and not triton_interpreter_enabled()
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if ON_GPU else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a GPU (compiled Triton, not the interpreter)")
+    for item in items:
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(skip_gpu)
+
+
+__all__ = ["rope_kernels"]

@@ -1,0 +1,84 @@
+"""The checks must be able to fail: deliberately wrong kernels are caught."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from rope_kernels import cos_sin_views, native_rope
+from rope_kernels.correctness import check_variant
+from rope_kernels.reference import rope_cos_sin
+
+
+@triton.jit
+def _neox_halves_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_rows, HEAD_DIM: tl.constexpr,
+                        HALF: tl.constexpr, ROWS_PER_HEAD: tl.constexpr):
+    """Wrong on purpose: rotates (x[j], x[j + D/2]) - NeoX halves - instead of
+    Kimi's adjacent pairs (x[2j], x[2j+1])."""
+    row = tl.program_id(0).to(tl.int64)
+    token = row // ROWS_PER_HEAD
+    j = tl.arange(0, HALF)
+    x0 = tl.load(x_ptr + row * HEAD_DIM + j).to(tl.float32)
+    x1 = tl.load(x_ptr + row * HEAD_DIM + HALF + j).to(tl.float32)
+    c = tl.load(cos_ptr + token * HALF + j)
+    s = tl.load(sin_ptr + token * HALF + j)
+    tl.store(out_ptr + row * HEAD_DIM + j, (x0 * c - x1 * s).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + row * HEAD_DIM + HALF + j, (x0 * s + x1 * c).to(out_ptr.dtype.element_ty))
+
+
+def neox_triton(xq, xk, freqs_cis):
+    cos, sin = (t.contiguous() for t in cos_sin_views(freqs_cis))
+    outs = []
+    for x in (xq, xk):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        tokens, heads, head_dim = x.shape
+        _neox_halves_kernel[(tokens * heads,)](x, out, cos, sin, tokens * heads,
+                                               HEAD_DIM=head_dim, HALF=head_dim // 2,
+                                               ROWS_PER_HEAD=heads)
+        outs.append(out)
+    return tuple(outs)
+
+
+def conjugate(xq, xk, f):  # rotates the wrong way
+    return native_rope(xq, xk, f.conj().resolve_conj())
+
+
+def skips_last_token(xq, xk, f):
+    q, k = native_rope(xq, xk, f)
+    q[-1] = xq[-1]
+    return q, k
+
+
+def swaps_q_and_k(xq, xk, f):
+    q, k = native_rope(xq, xk, f)
+    return k, q
+
+
+def writes_into_v(xq, xk, f):  # right answer, but scribbles over its input
+    q, k = native_rope(xq, xk, f)
+    xk.add_(1)
+    return q, k
+
+
+def uses_one_token_angle(xq, xk, f):
+    return native_rope(xq, xk, f[:1].expand_as(f).contiguous())
+
+
+WRONG = [neox_triton, conjugate, skips_last_token, swaps_q_and_k, writes_into_v,
+         uses_one_token_angle]
+
+
+@pytest.mark.parametrize("fn", WRONG, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_wrong_kernels_are_caught(fn, dtype, device):
+    res = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=dtype, device=device)
+    assert not res.passed, res
+
+
+def test_real_arithmetic_form_passes(device):
+    """The checker is not merely strict: a correct rewrite passes."""
+    fn = lambda xq, xk, f: rope_cos_sin(xq, xk, *cos_sin_views(f))  # noqa: E731
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        res = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=dtype, device=device)
+        assert res.passed, res

@@ -1,0 +1,158 @@
+"""Every variant against the float64 reference, on fresh random inputs."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, rope_reference
+from rope_kernels.correctness import check_variant, make_inputs
+from rope_kernels.fused import FusedConfig, fused_grid, fused_launch_config
+from rope_kernels.launches import count_launches
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (tokens, heads, head_dim): T = 1 and odd T, head_dims 4, 8, 72, 80, 128
+SHAPES = [(1, 1, 4), (7, 3, 72), (33, 2, 80), (16, 2, 128), (5, 4, 8), (3, 16, 72)]
+CHEAP = [name for name in VARIANTS if name != "compiled"]
+
+
+@pytest.mark.parametrize("name", CHEAP)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_variant_matches_float64(name, dtype, shape, device):
+    tokens, heads, head_dim = shape
+    res = check_variant(VARIANTS[name], tokens=tokens, heads=heads, head_dim=head_dim,
+                        dtype=dtype, device=device)
+    assert res.passed, res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compiled_matches_float64(dtype, device):
+    res = check_variant(VARIANTS["compiled"], tokens=9, heads=2, head_dim=72,
+                        dtype=dtype, device=device)
+    assert res.passed, res
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_contiguous_inputs(name, device):
+    res = check_variant(VARIANTS[name], tokens=11, heads=3, head_dim=8,
+                        dtype=torch.bfloat16, device=device, packed=False)
+    assert res.passed, res
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused_on_packed_qkv(inplace, device):
+    inp = make_inputs(13, 3, 72, torch.bfloat16, device)
+    qkv_before = inp.qkv.clone()
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace=inplace)
+    ref_q, ref_k = rope_reference(qkv_before[:, 0], qkv_before[:, 1], inp.freqs_cis)
+    nat_err = max((a.double().cpu() - r).abs().max().item()
+                  for a, r in zip(VARIANTS["native"](qkv_before[:, 0], qkv_before[:, 1],
+                                                     inp.freqs_cis), (ref_q, ref_k)))
+    for out, ref in ((q, ref_q), (k, ref_k)):
+        assert (out.double().cpu() - ref).abs().max().item() <= 2 * nat_err + 1e-6
+    assert torch.equal(inp.qkv[:, 2], qkv_before[:, 2]), "v was modified"
+    if inplace:
+        assert q.data_ptr() == inp.xq.data_ptr() and k.data_ptr() == inp.xk.data_ptr()
+        assert torch.equal(inp.qkv[:, 0], q) and torch.equal(inp.qkv[:, 1], k)
+    else:
+        assert q.is_contiguous() and k.is_contiguous()
+        assert torch.equal(inp.qkv, qkv_before), "out of place call modified its inputs"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_writes_every_element(dtype, device):
+    """Outputs poisoned with NaN first: any element the kernel skips stays NaN."""
+    inp = make_inputs(37, 5, 72, dtype, device)
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    q_out = torch.full(inp.xq.shape, float("nan"), dtype=dtype, device=device)
+    k_out = torch.full(inp.xk.shape, float("nan"), dtype=dtype, device=device)
+    fused_qk_rope(inp.xq, inp.xk, cos, sin, out=(q_out, k_out))
+    assert torch.isfinite(q_out).all() and torch.isfinite(k_out).all()
+    res = check_variant(lambda xq, xk, f: fused_qk_rope(xq, xk, *cos_sin_views(f)),
+                        tokens=37, heads=5, head_dim=72, dtype=dtype, device=device)
+    assert res.passed, res
+
+
+def test_fused_contiguous_cos_sin(device):
+    inp = make_inputs(9, 2, 80, torch.float32, device)
+    cos, sin = (t.contiguous() for t in cos_sin_views(inp.freqs_cis))
+    q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin)
+    ref_q, ref_k = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
+    assert (q.cpu().double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
+    assert (k.cpu().double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
+
+
+def test_fused_heads_not_adjacent(device):
+    """q/k whose heads are not next to each other (head stride != head_dim)
+    take the kernel's general addressing path."""
+    tokens, heads, head_dim = 6, 3, 8
+    base = torch.randn(heads, tokens, 2, head_dim, dtype=torch.float32, device=device)
+    xq = base[:, :, 0].transpose(0, 1)  # (T, H, D), strides (2D, T*2D, 1)
+    xk = base[:, :, 1].transpose(0, 1)
+    assert xq.stride(1) != head_dim
+    f = make_inputs(tokens, heads, head_dim, device=device).freqs_cis
+    q, k = fused_qk_rope(xq, xk, *cos_sin_views(f))
+    ref_q, ref_k = rope_reference(xq, xk, f)
+    assert (q.cpu().double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
+    assert (k.cpu().double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
+
+
+@pytest.mark.parametrize("config", [FusedConfig(1, 2, 1), FusedConfig(4, 16, 2),
+                                    FusedConfig(64, 256, 4)], ids=str)
+def test_fused_any_config_is_correct(config, device):
+    """Tile shape is a performance choice only: tiles that split heads, pairs
+    of tiles per head, or one tile far larger than the problem all agree."""
+    inp = make_inputs(5, 3, 12, torch.bfloat16, device)  # 36 columns: partial tiles
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin, config=config)
+    q0, k0 = fused_qk_rope(inp.xq, inp.xk, cos, sin)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+def test_launch_config_heuristic():
+    # 16 heads x 72 = 1152 columns: 256-wide tiles (10% padding), 16 tokens in bf16
+    assert fused_launch_config(16, 72, 2) == FusedConfig(block_t=16, block_c=256, num_warps=4)
+    # 3 x 128 = 384: 128 divides it, 256 would pad by a third
+    assert fused_launch_config(3, 128, 2).block_c == 128
+    assert fused_launch_config(1, 2, 4).block_c == 2
+
+
+def test_grid_stays_one_dimensional_for_huge_inputs():
+    cfg = fused_launch_config(16, 72, 2)
+    grid = fused_grid(50_000_000, 16, 72, cfg)
+    assert len(grid) == 1 and 65535 < grid[0] < 2**31 - 1
+
+
+@pytest.mark.parametrize("name", CHEAP)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_recorded_launch_counts(name, dtype, device):
+    inp = make_inputs(8, 2, 8, dtype, device)
+    variant = VARIANTS[name]
+    total, per_kernel = count_launches(variant, inp.xq, inp.xk, inp.freqs_cis)
+    assert total == variant.launch_count(dtype), per_kernel
+
+
+def test_fused_makes_no_copies(device):
+    """One launch and nothing else: no .contiguous() of q/k, no cos/sin copy."""
+    inp = make_inputs(8, 2, 8, torch.bfloat16, device)
+    total, per_kernel = count_launches(VARIANTS["fused"], inp.xq, inp.xk, inp.freqs_cis)
+    assert total == 1 and list(per_kernel) == ["triton:_fused_qk_rope_kernel"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    tokens=st.integers(1, 70),
+    heads=st.integers(1, 5),
+    pairs=st.integers(1, 80),
+    dtype=st.sampled_from(DTYPES),
+    packed=st.booleans(),
+    inplace=st.booleans(),
+)
+def test_fused_property(tokens, heads, pairs, dtype, packed, inplace, device):
+    variant = VARIANTS["fused_inplace" if inplace else "fused"]
+    res = check_variant(variant, tokens=tokens, heads=heads, head_dim=2 * pairs,
+                        dtype=dtype, device=device, packed=packed)
+    assert res.passed, res
