@@ -74,12 +74,12 @@ class CheckResult:
 
 
 def _max_abs(outs, refs) -> float:
-    errs = [(o.detach().cpu().double() - r).abs().max().item() for o, r in zip(outs, refs)]
+    errs = [(o.detach().double() - r).abs().max().item() for o, r in zip(outs, refs)]
     return max(errs)
 
 
 def _rel(outs, refs) -> float:
-    num = sum(((o.detach().cpu().double() - r) ** 2).sum().item() for o, r in zip(outs, refs))
+    num = sum(((o.detach().double() - r) ** 2).sum().item() for o, r in zip(outs, refs))
     den = sum((r**2).sum().item() for r in refs)
     return math.sqrt(num / den) if den > 0 else math.inf
 

@@ -61,11 +61,11 @@ def rope_cos_sin(
 def rope_reference(
     xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 ground truth (on the CPU) for correctness checks."""
-    freqs = freqs_cis.detach().cpu().to(torch.complex128).unsqueeze(-2)
+    """float64 ground truth for correctness checks, on the inputs' device."""
+    freqs = freqs_cis.detach().to(xq.device, torch.complex128).unsqueeze(-2)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        xd = x.detach().cpu().double().contiguous()
+        xd = x.detach().double().contiguous()
         xc = torch.view_as_complex(xd.view(*xd.shape[:-1], -1, 2))
         return torch.view_as_real(xc * freqs).flatten(-2)
 

@@ -48,11 +48,11 @@ def test_fused_on_packed_qkv(inplace, device):
     cos, sin = cos_sin_views(inp.freqs_cis)
     q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace=inplace)
     ref_q, ref_k = rope_reference(qkv_before[:, 0], qkv_before[:, 1], inp.freqs_cis)
-    nat_err = max((a.double().cpu() - r).abs().max().item()
+    nat_err = max((a.double() - r).abs().max().item()
                   for a, r in zip(VARIANTS["native"](qkv_before[:, 0], qkv_before[:, 1],
                                                      inp.freqs_cis), (ref_q, ref_k)))
     for out, ref in ((q, ref_q), (k, ref_k)):
-        assert (out.double().cpu() - ref).abs().max().item() <= 2 * nat_err + 1e-6
+        assert (out.double() - ref).abs().max().item() <= 2 * nat_err + 1e-6
     assert torch.equal(inp.qkv[:, 2], qkv_before[:, 2]), "v was modified"
     if inplace:
         assert q.data_ptr() == inp.xq.data_ptr() and k.data_ptr() == inp.xk.data_ptr()
@@ -81,8 +81,8 @@ def test_fused_contiguous_cos_sin(device):
     cos, sin = (t.contiguous() for t in cos_sin_views(inp.freqs_cis))
     q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin)
     ref_q, ref_k = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
-    assert (q.cpu().double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
-    assert (k.cpu().double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
+    assert (q.double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
+    assert (k.double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
 
 
 def test_fused_heads_not_adjacent(device):
@@ -96,8 +96,8 @@ def test_fused_heads_not_adjacent(device):
     f = make_inputs(tokens, heads, head_dim, device=device).freqs_cis
     q, k = fused_qk_rope(xq, xk, *cos_sin_views(f))
     ref_q, ref_k = rope_reference(xq, xk, f)
-    assert (q.cpu().double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
-    assert (k.cpu().double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
+    assert (q.double() - ref_q).abs().max() <= 1e-5 * ref_q.abs().max()
+    assert (k.double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
 
 
 @pytest.mark.parametrize("config", [FusedConfig(1, 2, 1), FusedConfig(4, 16, 2),

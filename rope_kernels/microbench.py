@@ -1,0 +1,205 @@
+"""The RoPE microbenchmark: every variant x shape x dtype x mode, one tidy row each."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from rope_kernels.devices import provenance
+from rope_kernels.timing import peak_memory_mb, rotation_count, time_fn
+from rope_kernels.variants import Variant, get_variant
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    tokens: int
+    heads: int
+    head_dim: int
+
+
+def parse_dtype(name) -> torch.dtype:
+    if isinstance(name, torch.dtype) and name in DTYPES.values():
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def expand_families(families: Iterable[dict]) -> list[Shape]:
+    """[{'tokens': [...], 'heads': [...], 'head_dim': 72}, ...] -> sorted unique shapes."""
+    shapes = set()
+    for fam in families:
+        if not isinstance(fam, dict) or set(fam) != {"tokens", "heads", "head_dim"}:
+            raise ValueError(f"each shape family needs exactly tokens, heads, head_dim; got {fam!r}")
+        head_dims = fam["head_dim"] if isinstance(fam["head_dim"], list) else [fam["head_dim"]]
+        for t in fam["tokens"]:
+            for h in fam["heads"]:
+                for d in head_dims:
+                    for name, v in (("tokens", t), ("heads", h), ("head_dim", d)):
+                        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                            raise ValueError(f"{name} must be a positive int, got {v!r}")
+                    if d % 2:
+                        raise ValueError(f"head_dim must be even, got {d}")
+                    shapes.add(Shape(t, h, d))
+    return sorted(shapes)
+
+
+def minimal_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Read and write q and k once, read fp32 cos and sin once."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 4 * element * tokens * heads * head_dim + 4 * tokens * head_dim
+
+
+def make_arg_sets(shape: Shape, dtype: torch.dtype, device, count: int, seed: int = 0):
+    """``count`` independent (xq, xk, freqs_cis) sets; q/k are views of packed qkv."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    sets = []
+    for _ in range(count):
+        qkv = torch.randn((shape.tokens, 3, shape.heads, shape.head_dim), device=device,
+                          generator=gen).to(dtype)
+        angles = torch.rand((shape.tokens, shape.head_dim // 2), device=device,
+                            generator=gen) * (2 * math.pi)
+        freqs = torch.polar(torch.ones_like(angles), angles)
+        xq, xk, _ = qkv.unbind(1)
+        sets.append((xq, xk, freqs))
+    return sets
+
+
+def bench_shape(
+    variants: Sequence[Variant],
+    shape: Shape,
+    dtype: torch.dtype,
+    modes: Sequence[str],
+    *,
+    device,
+    copy_gbps: float,
+    samples: int = 50,
+    min_calls: int = 20,
+) -> list[dict]:
+    """Time every variant on one shape; returns rows without speedups."""
+    device = torch.device(device)
+    set_bytes = (3 * shape.tokens * shape.heads * shape.head_dim
+                 * torch.empty((), dtype=dtype).element_size() + shape.tokens * shape.head_dim * 4)
+    count = rotation_count(set_bytes, device) if device.type == "cuda" else 2
+    sets = make_arg_sets(shape, dtype, device, count)
+    calls = max(len(sets), min_calls if device.type == "cuda" else 1)
+    nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
+    rows = []
+    for variant in variants:
+        mem = peak_memory_mb(variant, sets[0])
+        for mode in modes:
+            t = time_fn(variant, sets, mode=mode, calls_per_sample=calls, samples=samples)
+            gbps = nbytes / (t.median_us * 1e-6) / 1e9
+            rows.append({
+                "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
+                "head_dim": shape.head_dim, "dtype": dtype_name(dtype), "mode": mode,
+                "timer": t.timer, "median_us": t.median_us, "p20_us": t.p20_us,
+                "p80_us": t.p80_us, "samples": t.samples, "calls_per_sample": t.calls_per_sample,
+                "input_sets": len(sets), "bytes": nbytes, "gbps": gbps,
+                "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
+                "launches": variant.launch_count(dtype), "peak_mem_mb": mem,
+            })
+    del sets
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """speedup_vs_native = native median / variant median, same shape, dtype and mode."""
+    keys = ["tokens", "heads", "head_dim", "dtype", "mode"]
+    native = df[df.variant == "native"].set_index(keys)["median_us"].rename("native_us")
+    out = df.drop(columns=[c for c in ("speedup_vs_native",) if c in df]).join(native, on=keys)
+    out["speedup_vs_native"] = out["native_us"] / out["median_us"]
+    return out.drop(columns="native_us")
+
+
+def run_microbench(
+    variant_names: Sequence[str],
+    families: Iterable[dict],
+    dtypes: Sequence[str],
+    modes: Sequence[str],
+    *,
+    device,
+    copy_gbps: float,
+    samples: int = 50,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """The whole sweep as a tidy table, provenance in every row."""
+    variants = [get_variant(n) for n in variant_names]
+    shapes = expand_families(families)
+    dts = [parse_dtype(d) for d in dtypes]
+    work = [(s, d) for d in dts for s in shapes]
+    iterator = work
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(work, desc="microbench", unit="shape")
+    rows = []
+    for shape, dtype in iterator:
+        rows += bench_shape(variants, shape, dtype, modes, device=device,
+                            copy_gbps=copy_gbps, samples=samples)
+    df = add_speedups(pd.DataFrame(rows))
+    prov = provenance()
+    for k, v in prov.items():
+        df[k] = v
+    return df
+
+
+
+def fused_config_grid(block_cs=(128, 256, 512), tiles=(2048, 4096, 8192),
+                      warps=(4, 8)) -> list:
+    """Candidate launch settings for the block-size study (tile = elements per tensor)."""
+    from rope_kernels.fused import FusedConfig
+
+    return [FusedConfig(block_t=max(1, tile // bc), block_c=bc, num_warps=w)
+            for bc in block_cs for tile in tiles for w in warps]
+
+
+def sweep_fused_configs(shapes: Sequence[Shape], configs: Sequence, dtype: torch.dtype, *,
+                        device, copy_gbps: float, mode: str = "cudagraph",
+                        samples: int = 30, progress: bool = True) -> pd.DataFrame:
+    """Time the fused kernel under each launch config: the evidence behind
+    ``fused_launch_config``'s heuristic."""
+    from rope_kernels.fused import fused_launch_config, fused_qk_rope
+    from rope_kernels.reference import cos_sin_views
+
+    device = torch.device(device)
+    work = [(s, c) for s in shapes for c in configs]
+    if progress:
+        from tqdm.auto import tqdm
+
+        work = tqdm(work, desc="fused configs", unit="run")
+    rows, sets, current = [], None, None
+    element = torch.empty((), dtype=dtype).element_size()
+    for shape, cfg in work:
+        if shape != current:
+            set_bytes = 3 * shape.tokens * shape.heads * shape.head_dim * element
+            sets = make_arg_sets(shape, dtype, device, rotation_count(set_bytes, device))
+            current = shape
+        default = fused_launch_config(shape.heads, shape.head_dim, element)
+
+        def fn(xq, xk, f, _cfg=cfg):
+            return fused_qk_rope(xq, xk, *cos_sin_views(f), config=_cfg)
+
+        t = time_fn(fn, sets, mode=mode, calls_per_sample=max(len(sets), 20), samples=samples)
+        nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
+        gbps = nbytes / (t.median_us * 1e-6) / 1e9
+        rows.append({"tokens": shape.tokens, "heads": shape.heads, "head_dim": shape.head_dim,
+                     "dtype": dtype_name(dtype), "mode": mode, "block_t": cfg.block_t,
+                     "block_c": cfg.block_c, "num_warps": cfg.num_warps,
+                     "is_default": cfg == default, "timer": t.timer, "median_us": t.median_us,
+                     "p20_us": t.p20_us, "p80_us": t.p80_us, "gbps": gbps,
+                     "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps})
+    return pd.DataFrame(rows)

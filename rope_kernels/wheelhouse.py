@@ -1,0 +1,61 @@
+"""Wheels for nodes without internet: the notebook and test toolchain only.
+
+GPU nodes already have torch and triton (built for their CUDA or ROCm); what
+they lack is papermill, nbclient, ipykernel, nbconvert, nbval and friends. We
+download those, with their dependencies, as binary wheels for the node's Python
+and platform, so that there
+
+    pip install --no-index --find-links DIR papermill nbclient ipykernel nbconvert nbval
+
+works offline. Packages that depend on torch (liger-kernel) are fetched without
+dependencies so that no torch wheel is pulled in.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TOOLCHAIN = ["papermill", "nbclient", "nbformat", "ipykernel", "nbconvert", "nbval",
+             "pytest", "hypothesis", "pyyaml", "tqdm"]
+NO_DEPS = ["liger-kernel"]  # would drag in torch and triton
+
+
+def platform_tags(platform: str) -> list[str]:
+    """pip matches --platform tags exactly; a manylinux_2_N machine also runs
+    wheels for every older glibc, so list them all (plus the legacy aliases)."""
+    m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", platform)
+    if not m:
+        return [platform]
+    major, minor, arch = int(m.group(1)), int(m.group(2)), m.group(3)
+    tags = [f"manylinux_{major}_{n}_{arch}" for n in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags += [f"{name}_{arch}" for n, name in legacy.items() if n <= minor]
+    return tags
+
+
+def pip_download_command(out: Path, python: str, platform: str, packages: list[str],
+                         *, no_deps: bool = False) -> list[str]:
+    if not re.fullmatch(r"3\.\d+", python):
+        raise ValueError(f"--python must look like 3.12, got {python!r}")
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(out),
+           "--python-version", python, "--implementation", "cp"]
+    for tag in platform_tags(platform) + ["any"]:
+        cmd += ["--platform", tag]
+    if no_deps:
+        cmd.append("--no-deps")
+    return cmd + packages
+
+
+def build_wheelhouse(out: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64",
+                     *, peers: bool = True) -> list[Path]:
+    """Download the toolchain wheels into ``out``; returns the wheel files."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(pip_download_command(out, python, platform, TOOLCHAIN), check=True)
+    if peers:
+        subprocess.run(pip_download_command(out, python, platform, NO_DEPS, no_deps=True),
+                       check=True)
+    return sorted(out.glob("*.whl"))

@@ -1,0 +1,99 @@
+"""GPU tier: large shapes, int64 offsets, one compile for all token counts,
+CUDA-graph capture, and launch counts measured by the profiler."""
+
+import pytest
+import torch
+
+from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, rope_reference
+from rope_kernels.correctness import check_variant, make_inputs
+from rope_kernels.fused import _fused_qk_rope_kernel
+from rope_kernels.microbench import Shape, make_arg_sets
+
+pytestmark = pytest.mark.gpu
+
+
+def _err(outs, refs):
+    return max((o.double() - r).abs().max().item() for o, r in zip(outs, refs))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("shape", [(65536, 16, 72), (8192, 12, 128), (4099, 2, 72)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_large_shapes(name, shape):
+    res = check_variant(VARIANTS[name], tokens=shape[0], heads=shape[1], head_dim=shape[2],
+                        dtype=torch.bfloat16, device="cuda")
+    assert res.passed, res
+
+
+def test_int64_offsets_and_huge_grid():
+    """q/k offsets past 2^31 elements and a grid far past 65535 programs."""
+    tokens, heads, head_dim = 1_100_000, 16, 128
+    qkv = torch.randn(tokens, 3, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    assert qkv.numel() > 2**32
+    xq, xk, _ = qkv.unbind(1)
+    angles = torch.rand(tokens, head_dim // 2, device="cuda") * 6.28
+    f = torch.polar(torch.ones_like(angles), angles)
+    q, k = fused_qk_rope(xq, xk, *cos_sin_views(f))
+    for sl in (slice(0, 512), slice(tokens // 2, tokens // 2 + 512), slice(tokens - 512, tokens)):
+        ref = rope_reference(xq[sl], xk[sl], f[sl])
+        nat = native_rope(xq[sl], xk[sl], f[sl])
+        assert _err((q[sl], k[sl]), ref) <= 2 * _err(nat, ref) + 1e-6
+
+
+def test_one_compile_serves_every_token_count():
+    def n_compiled():
+        caches = getattr(_fused_qk_rope_kernel, "device_caches", None)
+        if caches is None:
+            pytest.skip("this Triton keeps no device_caches")
+        return sum(len(c[0]) for c in caches.values())
+
+    sets = make_arg_sets(Shape(3, 5, 72), torch.bfloat16, "cuda", 1)
+    fused_qk_rope(sets[0][0], sets[0][1], *cos_sin_views(sets[0][2]))
+    before = n_compiled()
+    for tokens in (1, 2, 17, 256, 1000, 4097, 65536):
+        xq, xk, f = make_arg_sets(Shape(tokens, 5, 72), torch.bfloat16, "cuda", 1)[0]
+        fused_qk_rope(xq, xk, *cos_sin_views(f))
+    assert n_compiled() == before
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_cuda_graph_capture(inplace):
+    inp = make_inputs(4096, 16, 72, torch.bfloat16, "cuda")
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    qkv0 = inp.qkv.clone()
+    fused_qk_rope(inp.xq.clone(), inp.xk.clone(), cos, sin)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace=inplace)
+    for _ in range(2):  # new data in the same buffers, replayed
+        fresh = torch.randn_like(qkv0, dtype=torch.float32).to(qkv0.dtype)
+        inp.qkv.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = rope_reference(fresh[:, 0], fresh[:, 1], inp.freqs_cis)
+        nat = native_rope(fresh[:, 0], fresh[:, 1], inp.freqs_cis)
+        assert _err(outs, ref) <= 2 * _err(nat, ref) + 1e-6
+        assert torch.equal(inp.qkv[:, 2], fresh[:, 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_profiler_launch_counts(name, dtype):
+    from rope_kernels.profiling import profile_call
+
+    xq, xk, f = make_arg_sets(Shape(1024, 16, 72), dtype, "cuda", 1)[0]
+    kernels = profile_call(VARIANTS[name], (xq, xk, f))
+    assert len(kernels) == VARIANTS[name].launch_count(dtype), kernels.kernel.tolist()
+
+
+def test_compiled_does_not_fall_back_past_the_recompile_limit():
+    from rope_kernels.profiling import profile_call
+
+    for tokens in range(100, 100 + 12):  # more shapes than dynamo's default limit of 8
+        xq, xk, f = make_arg_sets(Shape(tokens, 4, 72), torch.bfloat16, "cuda", 1)[0]
+        res = check_variant(VARIANTS["compiled"], tokens=tokens, heads=4, head_dim=72,
+                            dtype=torch.bfloat16, device="cuda")
+        assert res.passed, res
+    kernels = profile_call(VARIANTS["compiled"], (xq, xk, f))
+    assert len(kernels) == VARIANTS["compiled"].launches  # eager would launch several
