@@ -1,20 +1,23 @@
 """One Triton launch that rotates q and k together (interleaved / GPT-J pairs).
 
-Layout choice. A token's heads usually sit next to each other (head stride ==
-head_dim, true for contiguous (T, H, D) tensors and for q/k views of a packed
-(T, 3, H, D) qkv), so one token's q is a single run of ``H*D`` elements. We tile
-that run as ``BLOCK_T`` tokens x ``BLOCK_C`` columns with ``BLOCK_C`` a power of
-two, so the columns are provably contiguous and loads vectorise to 16 bytes,
-whatever head_dim is: 16 x 72 = 1152 columns are 4.5 tiles of 256 with one
-half-masked tile, instead of 72 of every 128 lanes busy in a per-head tile.
-The frequency of column pair ``p`` is ``p % (D/2)``: a gather, served by L1
-since a token's cos/sin row is at most a few hundred bytes shared by all heads.
+Layout. A program owns ``BLOCK_T`` tokens x ``BLOCK_H`` heads x the whole
+head_dim. Triton blocks must be powers of two, so head_dim is covered by at
+most two power-of-two chunks: 72 = 64 + 8, 80 = 64 + 16, 128 = 128 (a second
+chunk that is not a power of two, e.g. 24 of 88, is padded and masked). Every
+lane does useful work for the common head dims, unlike a 128-wide block for 72.
 
-Each program loads its q and k tiles, splits the pairs in registers, rotates in
-fp32 and stores: q and k are read and written once, cos/sin read once from
-DRAM, which is the minimal traffic. ``n_tokens`` is not specialised, so one
-compiled kernel serves every token count; the grid is one-dimensional (limit
-2^31 - 1 programs) and token offsets are int64, so any T fits.
+Why this shape (measured on an H200, see notebooks/02_microbench): cos/sin of
+a token are loaded once and broadcast over the program's heads instead of
+gathered per element, and no pair ever crosses a chunk, so splitting pairs
+stays in registers with no shared-memory layout conversion. q/k strides reach
+the kernel divided by ``VEC`` (the widest vector that divides every stride and
+base offset), which lets the compiler prove 16-byte alignment and emit vector
+loads even though a 72-element head is not a multiple of 16 elements.
+
+All loads are issued before any store so they overlap in the memory system.
+``n_tokens`` is not specialised: one compiled kernel serves every token count.
+The grid is one-dimensional (limit 2^31 - 1 programs) and token offsets are
+int64, so any T fits.
 """
 
 from __future__ import annotations
@@ -33,111 +36,131 @@ from rope_kernels._checks import (
 )
 
 
+@triton.jit
+def _rotate_pairs(x, cos, sin, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                  WIDTH: tl.constexpr):
+    """(x0 + i x1) * (cos + i sin) on every adjacent pair, in fp32."""
+    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, BLOCK_H, WIDTH // 2, 2)))
+    c = cos[:, None, :]  # one value per (token, pair), broadcast over heads
+    s = sin[:, None, :]
+    return tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), (BLOCK_T, BLOCK_H, WIDTH))
+
+
 @triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qk_rope_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
-    q_stride_t, q_stride_h, k_stride_t, k_stride_h,
-    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
+    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    ROW: tl.constexpr,  # heads * head_dim: the columns of one token
-    HEADS_DENSE: tl.constexpr,  # every tensor has head stride == HEAD_DIM
+    MAIN: tl.constexpr,  # largest power of two <= HEAD_DIM
+    REST: tl.constexpr,  # power of two covering HEAD_DIM - MAIN (0 when none)
     BLOCK_T: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    N_COL_BLOCKS: tl.constexpr = (ROW + BLOCK_C - 1) // BLOCK_C
-    HALF_C: tl.constexpr = BLOCK_C // 2
+    N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
     pid = tl.program_id(0)
-    col_block = pid % N_COL_BLOCKS
-    tokens = (pid // N_COL_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    pair_cols = col_block * HALF_C + tl.arange(0, HALF_C)
-    freq_idx = pair_cols % (HEAD_DIM // 2)
-
+    head_block = pid % N_HEAD_BLOCKS
+    tokens = (pid // N_HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     token_ok = tokens < n_tokens
-    mask = token_ok[:, None] & (cols < ROW)[None, :]
-    pair_mask = token_ok[:, None] & (pair_cols < ROW // 2)[None, :]
+    mask = token_ok[:, None, None] & (heads < HEADS)[None, :, None]
+    t3 = tokens[:, None, None]
+    h3 = heads[None, :, None]
+    q_row = q_ptr + t3 * (q_stride_t * VEC) + h3 * (q_stride_h * VEC)
+    k_row = k_ptr + t3 * (k_stride_t * VEC) + h3 * (k_stride_h * VEC)
+    qo_row = q_out_ptr + t3 * (qo_stride_t * VEC) + h3 * (qo_stride_h * VEC)
+    ko_row = k_out_ptr + t3 * (ko_stride_t * VEC) + h3 * (ko_stride_h * VEC)
+    cos_row = cos_ptr + tokens[:, None] * cos_stride_t
+    sin_row = sin_ptr + tokens[:, None] * sin_stride_t
 
-    if HEADS_DENSE:
-        col_off = cols
-        q_off = tokens[:, None] * q_stride_t + col_off[None, :]
-        k_off = tokens[:, None] * k_stride_t + col_off[None, :]
-        qo_off = tokens[:, None] * qo_stride_t + col_off[None, :]
-        ko_off = tokens[:, None] * ko_stride_t + col_off[None, :]
-    else:
-        head = cols // HEAD_DIM
-        dim = cols % HEAD_DIM
-        q_off = tokens[:, None] * q_stride_t + (head * q_stride_h + dim)[None, :]
-        k_off = tokens[:, None] * k_stride_t + (head * k_stride_h + dim)[None, :]
-        qo_off = tokens[:, None] * qo_stride_t + (head * qo_stride_h + dim)[None, :]
-        ko_off = tokens[:, None] * ko_stride_t + (head * ko_stride_h + dim)[None, :]
+    d = tl.arange(0, MAIN)[None, None, :]
+    j = tl.arange(0, MAIN // 2)[None, :]
+    q = tl.load(q_row + d, mask=mask, other=0.0)
+    k = tl.load(k_row + d, mask=mask, other=0.0)
+    cos = tl.load(cos_row + j * cos_stride_d, mask=token_ok[:, None], other=0.0)
+    sin = tl.load(sin_row + j * sin_stride_d, mask=token_ok[:, None], other=0.0)
+    if REST > 0:
+        d2 = MAIN + tl.arange(0, REST)[None, None, :]
+        j2 = MAIN // 2 + tl.arange(0, REST // 2)[None, :]
+        mask2 = mask & (d2 < HEAD_DIM)
+        pair_mask2 = token_ok[:, None] & (j2 < HEAD_DIM // 2)
+        q2 = tl.load(q_row + d2, mask=mask2, other=0.0)
+        k2 = tl.load(k_row + d2, mask=mask2, other=0.0)
+        cos2 = tl.load(cos_row + j2 * cos_stride_d, mask=pair_mask2, other=0.0)
+        sin2 = tl.load(sin_row + j2 * sin_stride_d, mask=pair_mask2, other=0.0)
 
-    # Issue all loads before any math so the memory system has them in flight.
-    q = tl.load(q_ptr + q_off, mask=mask, other=0.0)
-    k = tl.load(k_ptr + k_off, mask=mask, other=0.0)
-    cos = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + freq_idx[None, :] * cos_stride_d,
-                  mask=pair_mask, other=0.0)
-    sin = tl.load(sin_ptr + tokens[:, None] * sin_stride_t + freq_idx[None, :] * sin_stride_d,
-                  mask=pair_mask, other=0.0)
+    out_ty = q_out_ptr.dtype.element_ty
+    tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask)
+    tl.store(ko_row + d, _rotate_pairs(k, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask)
+    if REST > 0:
+        tl.store(qo_row + d2, _rotate_pairs(q2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
+                 mask=mask2)
+        tl.store(ko_row + d2, _rotate_pairs(k2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
+                 mask=mask2)
 
-    q0, q1 = tl.split(tl.reshape(q.to(tl.float32), (BLOCK_T, HALF_C, 2)))
-    k0, k1 = tl.split(tl.reshape(k.to(tl.float32), (BLOCK_T, HALF_C, 2)))
-    q_rot = tl.reshape(tl.join(q0 * cos - q1 * sin, q0 * sin + q1 * cos), (BLOCK_T, BLOCK_C))
-    k_rot = tl.reshape(tl.join(k0 * cos - k1 * sin, k0 * sin + k1 * cos), (BLOCK_T, BLOCK_C))
-    tl.store(q_out_ptr + qo_off, q_rot.to(q_out_ptr.dtype.element_ty), mask=mask)
-    tl.store(k_out_ptr + ko_off, k_rot.to(k_out_ptr.dtype.element_ty), mask=mask)
+
+def head_dim_chunks(head_dim: int) -> tuple[int, int]:
+    """(MAIN, REST): 72 -> (64, 8), 80 -> (64, 16), 128 -> (128, 0), 88 -> (64, 32)."""
+    main = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - main
+    return main, (1 << (rest - 1).bit_length()) if rest else 0
 
 
 @dataclass(frozen=True)
 class FusedConfig:
     """Launch settings of the fused kernel (see ``fused_launch_config``)."""
 
-    block_t: int
-    block_c: int
+    block_t: int  # tokens per program
+    block_h: int  # heads per program
     num_warps: int
 
     def __post_init__(self):
-        for name in ("block_t", "block_c", "num_warps"):
+        for name in ("block_t", "block_h", "num_warps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"FusedConfig.{name} must be a positive power of two, got {v!r}")
-        if self.block_c < 2:
-            raise ValueError(f"FusedConfig.block_c must be at least 2 (one pair), got {self.block_c}")
 
 
-# Bytes of q (and as many of k) one program moves. 8 KB per tensor keeps 32
-# bytes per thread per tensor in flight at 4 warps: enough independent loads to
-# cover DRAM latency without so few programs that the tail of the grid idles.
-TILE_BYTES = 8192
-MAX_BLOCK_C = 256
-
-
-def _pick_block_c(row: int) -> int:
-    """Widest power-of-two column tile that wastes at most 1/8 of its lanes."""
-    block_c = MAX_BLOCK_C
-    while block_c > 2:
-        padded = -(-row // block_c) * block_c
-        if padded * 8 <= row * 9:
-            return block_c
-        block_c //= 2
-    return 2
+# Bytes of q (and as many of k) one program moves.
+TILE_BYTES = 4096
+MAX_BLOCK_H = 16
 
 
 def fused_launch_config(heads: int, head_dim: int, element_size: int) -> FusedConfig:
-    """A documented heuristic instead of autotuning: no per-shape benchmarking
-    at first call, and the same config for every token count."""
-    block_c = _pick_block_c(heads * head_dim)
-    block_t = max(1, (TILE_BYTES // element_size) // block_c)
-    # 4 warps is 128 threads on NVIDIA and 256 on AMD's 64-wide wavefronts: both
-    # valid block sizes, and enough lanes for a 4096-element tile.
-    return FusedConfig(block_t=block_t, block_c=block_c, num_warps=4)
+    """A documented heuristic instead of autotuning: no per-shape benchmarking at
+    first call, and the same config for every token count.
+
+    Heads per program: the largest power of two dividing ``heads`` (no masked
+    head lanes), at most 16. Tokens per program: as many as fit a tile of
+    ``TILE_BYTES`` per tensor (at least one).
+    """
+    block_h = min(heads & -heads, MAX_BLOCK_H)
+    per_token = block_h * head_dim * element_size
+    block_t = max(1, 1 << max(0, (TILE_BYTES // per_token).bit_length() - 1))
+    # 4 warps is 128 threads on NVIDIA and 256 on AMD's 64-wide wavefronts:
+    # both valid block sizes for a 4 KB tile.
+    return FusedConfig(block_t=block_t, block_h=block_h, num_warps=4)
 
 
-def fused_grid(n_tokens: int, heads: int, head_dim: int, config: FusedConfig) -> tuple[int]:
-    """One-dimensional grid: token blocks x column blocks, flattened."""
-    row = heads * head_dim
-    return (triton.cdiv(n_tokens, config.block_t) * triton.cdiv(row, config.block_c),)
+def fused_grid(n_tokens: int, heads: int, config: FusedConfig) -> tuple[int]:
+    """One-dimensional grid: token blocks x head blocks, flattened."""
+    return (triton.cdiv(n_tokens, config.block_t) * triton.cdiv(heads, config.block_h),)
+
+
+def vector_width(tensors, element_size: int) -> int:
+    """Widest power-of-two element count (at most 16 bytes) dividing every token
+    and head stride and every base offset, so vector loads are provably aligned."""
+    vec = max(1, 16 // element_size)
+    while vec > 1:
+        if all(t.stride(0) % vec == 0 and t.stride(1) % vec == 0
+               and t.data_ptr() % (vec * element_size) == 0 for t in tensors):
+            return vec
+        vec //= 2
+    return 1
 
 
 def fused_qk_rope(
@@ -185,20 +208,22 @@ def fused_qk_rope(
     elif not isinstance(config, FusedConfig):
         raise TypeError(f"config must be a FusedConfig, got {type(config).__name__}")
 
-    heads_dense = all(
-        t.stride(1) == head_dim or heads == 1 for t in (xq, xk, q_out, k_out)
-    )
-    _fused_qk_rope_kernel[fused_grid(tokens, heads, head_dim, config)](
+    main, rest = head_dim_chunks(head_dim)
+    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    _fused_qk_rope_kernel[fused_grid(tokens, heads, config)](
         xq, xk, q_out, k_out, cos, sin,
         tokens,
-        xq.stride(0), xq.stride(1), xk.stride(0), xk.stride(1),
-        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        xq.stride(0) // vec, xq.stride(1) // vec, xk.stride(0) // vec, xk.stride(1) // vec,
+        q_out.stride(0) // vec, q_out.stride(1) // vec,
+        k_out.stride(0) // vec, k_out.stride(1) // vec,
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        HEADS=heads,
         HEAD_DIM=head_dim,
-        ROW=heads * head_dim,
-        HEADS_DENSE=heads_dense,
+        MAIN=main,
+        REST=rest,
         BLOCK_T=config.block_t,
-        BLOCK_C=config.block_c,
+        BLOCK_H=config.block_h,
+        VEC=vec,
         num_warps=config.num_warps,
     )
     return q_out, k_out

@@ -158,25 +158,35 @@ def run_microbench(
 
 
 
-def fused_config_grid(block_cs=(128, 256, 512), tiles=(2048, 4096, 8192),
-                      warps=(4, 8)) -> list:
-    """Candidate launch settings for the block-size study (tile = elements per tensor)."""
-    from rope_kernels.fused import FusedConfig
+def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
+                      tile_bytes=(1024, 16384), warps=(2, 4, 8)) -> list:
+    """Candidate launch settings for the block-size study of one (heads, head_dim):
+    heads per program a power of two dividing ``heads`` (the largest three), tokens
+    per program so that a tile of q holds ``tile_bytes[0]``..``tile_bytes[1]`` bytes."""
+    from rope_kernels.fused import FusedConfig, head_dim_chunks
 
-    return [FusedConfig(block_t=max(1, tile // bc), block_c=bc, num_warps=w)
-            for bc in block_cs for tile in tiles for w in warps]
+    main, rest = head_dim_chunks(head_dim)
+    block_hs = [h for h in (16, 8, 4, 2, 1) if heads % h == 0][:3]
+    configs = []
+    for bh in block_hs:
+        for bt in (1, 2, 4, 8, 16, 32, 64):
+            tile = bt * bh * (main + rest) * element_size
+            if tile_bytes[0] <= tile <= tile_bytes[1]:
+                configs += [FusedConfig(block_t=bt, block_h=bh, num_warps=w) for w in warps]
+    return configs
 
 
-def sweep_fused_configs(shapes: Sequence[Shape], configs: Sequence, dtype: torch.dtype, *,
+def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
                         device, copy_gbps: float, mode: str = "cudagraph",
                         samples: int = 30, progress: bool = True) -> pd.DataFrame:
     """Time the fused kernel under each launch config: the evidence behind
-    ``fused_launch_config``'s heuristic."""
+    ``fused_launch_config``'s heuristic. ``configs`` is a list, or a function
+    ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``)."""
     from rope_kernels.fused import fused_launch_config, fused_qk_rope
     from rope_kernels.reference import cos_sin_views
 
     device = torch.device(device)
-    work = [(s, c) for s in shapes for c in configs]
+    work = [(s, c) for s in shapes for c in (configs(s) if callable(configs) else configs)]
     if progress:
         from tqdm.auto import tqdm
 
@@ -198,7 +208,7 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs: Sequence, dtype: torch
         gbps = nbytes / (t.median_us * 1e-6) / 1e9
         rows.append({"tokens": shape.tokens, "heads": shape.heads, "head_dim": shape.head_dim,
                      "dtype": dtype_name(dtype), "mode": mode, "block_t": cfg.block_t,
-                     "block_c": cfg.block_c, "num_warps": cfg.num_warps,
+                     "block_h": cfg.block_h, "num_warps": cfg.num_warps,
                      "is_default": cfg == default, "timer": t.timer, "median_us": t.median_us,
                      "p20_us": t.p20_us, "p80_us": t.p80_us, "gbps": gbps,
                      "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps})

@@ -27,10 +27,13 @@ def _is_device_event(evt) -> bool:
     return str(getattr(evt, "device_type", "")).endswith(("CUDA", "PrivateUse1", "HIP"))
 
 
-def device_kernels(prof) -> pd.DataFrame:
-    """One row per device operation (kernel, memcpy, memset) the profiler saw."""
+def device_kernels(prof, labels=("rope",)) -> pd.DataFrame:
+    """One row per device operation (kernel, memcpy, memset) the profiler saw;
+    the GPU-side ranges of ``record_function`` annotations are not operations."""
     rows = [{"kernel": e.name, "device_time_us": _device_time_us(e)}
-            for e in prof.events() if _is_device_event(e)]
+            for e in prof.events()
+            if _is_device_event(e) and e.name not in labels
+            and not getattr(e, "is_user_annotation", False)]
     return pd.DataFrame(rows, columns=["kernel", "device_time_us"])
 
 
@@ -52,7 +55,7 @@ def profile_call(fn: Callable, args: tuple, *, warmup: int = 2, label: str = "ro
         torch.cuda.synchronize()
     if trace_path is not None:
         save_trace(prof, Path(trace_path))
-    return device_kernels(prof)
+    return device_kernels(prof, labels=(label,))
 
 
 def save_trace(prof, path: Path) -> Path:

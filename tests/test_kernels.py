@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, rope_reference
 from rope_kernels.correctness import check_variant, make_inputs
-from rope_kernels.fused import FusedConfig, fused_grid, fused_launch_config
+from rope_kernels.fused import (FusedConfig, fused_grid, fused_launch_config, head_dim_chunks,
+                                vector_width)
 from rope_kernels.launches import count_launches
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -100,29 +101,48 @@ def test_fused_heads_not_adjacent(device):
     assert (k.double() - ref_k).abs().max() <= 1e-5 * ref_k.abs().max()
 
 
-@pytest.mark.parametrize("config", [FusedConfig(1, 2, 1), FusedConfig(4, 16, 2),
-                                    FusedConfig(64, 256, 4)], ids=str)
+@pytest.mark.parametrize("config", [FusedConfig(1, 1, 1), FusedConfig(4, 2, 2),
+                                    FusedConfig(64, 16, 4)], ids=str)
 def test_fused_any_config_is_correct(config, device):
-    """Tile shape is a performance choice only: tiles that split heads, pairs
-    of tiles per head, or one tile far larger than the problem all agree."""
-    inp = make_inputs(5, 3, 12, torch.bfloat16, device)  # 36 columns: partial tiles
+    """Tile shape is a performance choice only: one head per program, head
+    blocks that do not divide the heads, or tiles far larger than the problem."""
+    inp = make_inputs(5, 3, 12, torch.bfloat16, device)  # head_dim 12 = 8 + 4
     cos, sin = cos_sin_views(inp.freqs_cis)
     q, k = fused_qk_rope(inp.xq, inp.xk, cos, sin, config=config)
     q0, k0 = fused_qk_rope(inp.xq, inp.xk, cos, sin)
     assert torch.equal(q, q0) and torch.equal(k, k0)
 
 
+def test_head_dim_chunks():
+    assert head_dim_chunks(72) == (64, 8)
+    assert head_dim_chunks(80) == (64, 16)
+    assert head_dim_chunks(128) == (128, 0)
+    assert head_dim_chunks(88) == (64, 32)  # 24 padded to 32 and masked
+    assert head_dim_chunks(2) == (2, 0)
+    assert head_dim_chunks(6) == (4, 2)
+
+
 def test_launch_config_heuristic():
-    # 16 heads x 72 = 1152 columns: 256-wide tiles (10% padding), 16 tokens in bf16
-    assert fused_launch_config(16, 72, 2) == FusedConfig(block_t=16, block_c=256, num_warps=4)
-    # 3 x 128 = 384: 128 divides it, 256 would pad by a third
-    assert fused_launch_config(3, 128, 2).block_c == 128
-    assert fused_launch_config(1, 2, 4).block_c == 2
+    cfg = fused_launch_config(16, 72, 2)
+    assert cfg.block_h == 16 and cfg.num_warps == 4
+    assert fused_launch_config(12, 128, 2).block_h == 4  # largest power of two dividing 12
+    assert fused_launch_config(3, 128, 2).block_h == 1
+    for heads, dim, size in ((16, 72, 2), (2, 72, 2), (3, 128, 4), (1, 2, 4)):
+        c = fused_launch_config(heads, dim, size)
+        assert heads % c.block_h == 0 and c.block_t >= 1
+
+
+def test_vector_width_proves_alignment():
+    qkv = torch.empty(4, 3, 16, 72, dtype=torch.bfloat16)
+    assert vector_width(qkv.unbind(1), 2) == 8  # 144-byte heads, 16-byte aligned
+    odd = torch.empty(4, 3, 5, 6, dtype=torch.bfloat16)  # strides 90, 6
+    assert vector_width(odd.unbind(1), 2) == 2
+    assert vector_width([torch.empty(4, 2, 8)], 4) == 4
 
 
 def test_grid_stays_one_dimensional_for_huge_inputs():
     cfg = fused_launch_config(16, 72, 2)
-    grid = fused_grid(50_000_000, 16, 72, cfg)
+    grid = fused_grid(50_000_000, 16, cfg)
     assert len(grid) == 1 and 65535 < grid[0] < 2**31 - 1
 
 

@@ -126,7 +126,7 @@ def test_bad_out_and_config(device):
     with pytest.raises(TypeError, match="FusedConfig"):
         fused_qk_rope(xq, xk, c, s, config=(4, 16, 4))
     with pytest.raises(ValueError, match="power of two"):
-        FusedConfig(block_t=3, block_c=16, num_warps=4)
+        FusedConfig(block_t=3, block_h=16, num_warps=4)
 
 
 def test_cpu_tensors_without_interpreter_get_a_clear_error(monkeypatch):

@@ -28,28 +28,29 @@ part = set(sys.argv[1:]) or {"sweep", "bench", "encoder"}
 
 if "sweep" in part:
     t0 = time.time()
-    shapes = [Shape(65536, 16, 72), Shape(16384, 16, 72), Shape(65536, 2, 72),
+    shapes = [Shape(65536, 16, 72), Shape(8192, 16, 72), Shape(65536, 2, 72),
               Shape(65536, 4, 72), Shape(8192, 12, 128), Shape(8192, 3, 128), Shape(256, 3, 128)]
-    configs = fused_config_grid()
-    for s in shapes:  # make sure the heuristic's own pick is in the sweep
+
+    def configs(s):
+        cs = fused_config_grid(s.heads, s.head_dim, 2, warps=(4, 8))
         d = fused_launch_config(s.heads, s.head_dim, 2)
-        if d not in configs:
-            configs.append(d)
+        return cs if d in cs else cs + [d]
+
     df = sweep_fused_configs(shapes, configs, torch.bfloat16, device="cuda", copy_gbps=copy,
-                             progress=False)
+                             samples=20, progress=False)
     df.to_csv(out / "sweep.csv", index=False)
     best = df.loc[df.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
-    print(best[["tokens", "heads", "head_dim", "block_t", "block_c", "num_warps", "median_us", "pct_of_copy"]])
-    print(df[df.is_default][["tokens", "heads", "head_dim", "block_t", "block_c", "num_warps", "median_us", "pct_of_copy"]])
+    print(best[["tokens", "heads", "head_dim", "block_t", "block_h", "num_warps", "median_us", "pct_of_copy"]])
+    print(df[df.is_default][["tokens", "heads", "head_dim", "block_t", "block_h", "num_warps", "median_us", "pct_of_copy"]])
     print(f"sweep {time.time() - t0:.0f}s", flush=True)
 
 if "bench" in part:
     t0 = time.time()
-    fams = [{"tokens": [256, 8192], "heads": [3, 12], "head_dim": 128},
-            {"tokens": [4096, 65536], "heads": [16], "head_dim": 72}]
-    from rope_kernels.variants import VARIANTS
-    df = run_microbench(list(VARIANTS), fams, ["bfloat16"], ["eager", "cudagraph"],
-                        device="cuda", copy_gbps=copy, samples=30, progress=False)
+    fams = [{"tokens": [256, 1024, 4096, 8192], "heads": [3, 6, 12], "head_dim": 128},
+            {"tokens": [4096, 8192, 65536], "heads": [16], "head_dim": 72}]
+    df = run_microbench(["native", "fused", "vllm_merged", "compiled", "liger"], fams,
+                        ["bfloat16"], ["eager", "cudagraph", "cudagraph_warm"],
+                        device="cuda", copy_gbps=copy, samples=20, progress=False)
     df.to_csv(out / "bench.csv", index=False)
     print(df[["variant", "tokens", "heads", "head_dim", "mode", "median_us", "pct_of_copy",
               "speedup_vs_native", "peak_mem_mb", "input_sets"]].to_string())
