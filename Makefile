@@ -37,8 +37,9 @@ test-gpu: $(STAMP)
 notebooks: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m rope_kernels refresh-notebooks
 
+# JupyterLab in the study's environment; the kernel "Python (rope-study)" is registered.
 lab: $(STAMP)
-	TRITON_INTERPRET=$${TRITON_INTERPRET:-0} $(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -8,12 +8,21 @@ Public API:
     VARIANTS                                        name -> Variant (callable + launches)
 """
 
-from rope_kernels._checks import triton_interpreter_enabled
-from rope_kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis
-from rope_kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope
-from rope_kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference
-from rope_kernels.variants import VARIANTS, Variant, get_variant
-from rope_kernels.vllm_merged import vllm_merged_rope
+import os as _os
+
+import torch as _torch
+
+# Without a GPU, Triton kernels can only run in Triton's CPU interpreter; turn
+# it on (before our kernels are defined) unless the user decided already.
+if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from rope_kernels._checks import triton_interpreter_enabled  # noqa: E402
+from rope_kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
+from rope_kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
+from rope_kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
+from rope_kernels.variants import VARIANTS, Variant, get_variant  # noqa: E402
+from rope_kernels.vllm_merged import vllm_merged_rope  # noqa: E402
 
 if triton_interpreter_enabled():
     from rope_kernels._interpreter import patch_bf16_rounding

@@ -17,6 +17,37 @@ def _wheelhouse(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    import logging
+
+    from rope_kernels.runner import ParameterError, run_study
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        run_study(device=args.device, params_file=args.params, overrides=args.param or (),
+                  only=args.only, keep_inputs=args.keep_inputs)
+    except (ParameterError, RuntimeError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _index(args) -> int:
+    from rope_kernels.devices import REPO_ROOT
+    from rope_kernels.reports import build_index
+
+    print(build_index(REPO_ROOT))
+    return 0
+
+
+def _refresh(args) -> int:
+    from rope_kernels.notebooks import refresh_notebooks
+
+    for path in refresh_notebooks(args.only):
+        print(f"refreshed {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rope-study", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -26,6 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", required=True, help="folder for the wheels")
     w.add_argument("--no-peers", action="store_true", help="skip liger-kernel")
     w.set_defaults(func=_wheelhouse)
+
+    r = sub.add_parser("run", help="execute every notebook for this device; reports/ and data/")
+    r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or rocm")
+    r.add_argument("--params", type=Path, help="a YAML file of parameters (over the device profile)")
+    r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
+                   help="one parameter, for every notebook that has it (NOTEBOOK.NAME=VALUE for one)")
+    r.add_argument("--only", action="append", metavar="NOTEBOOK", help="run just this notebook (repeatable)")
+    r.add_argument("--keep-inputs", action="store_true", help="show code cells in the HTML reports")
+    r.set_defaults(func=_run)
+
+    i = sub.add_parser("index", help="rebuild reports/index.html from reports/ and data/")
+    i.set_defaults(func=_index)
+
+    n = sub.add_parser("refresh-notebooks",
+                       help="re-execute notebooks with their default (CPU) parameters, in place")
+    n.add_argument("--only", action="append", metavar="NOTEBOOK")
+    n.set_defaults(func=_refresh)
     return parser
 
 

@@ -95,6 +95,7 @@ def bench_shape(
     sets = make_arg_sets(shape, dtype, device, count)
     calls = max(len(sets), min_calls if device.type == "cuda" else 1)
     nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
+    copy_us = same_bytes_copy_us(nbytes, device, modes, samples=samples, min_calls=min_calls)
     rows = []
     for variant in variants:
         mem = peak_memory_mb(variant, sets[0])
@@ -108,12 +109,30 @@ def bench_shape(
                 "p80_us": t.p80_us, "samples": t.samples, "calls_per_sample": t.calls_per_sample,
                 "input_sets": len(sets), "bytes": nbytes, "gbps": gbps,
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
+                "copy_same_bytes_us": copy_us[mode],
+                "pct_of_copy_same_bytes": 100 * copy_us[mode] / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mem,
             })
     del sets
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def same_bytes_copy_us(nbytes: int, device, modes: Sequence[str], *, samples: int,
+                       min_calls: int = 20) -> dict[str, float]:
+    """Time of a device-to-device copy that moves the same bytes (read + write)
+    as one RoPE call, timed the same way: the ceiling at this size, where launch
+    and ramp-up costs weigh more than in the large-copy ceiling."""
+    device = torch.device(device)
+    n = max(1, nbytes // 2 // 4)
+    count = rotation_count(nbytes, device) if device.type == "cuda" else 1
+    sets = [(torch.randn(n, device=device), torch.empty(n, device=device)) for _ in range(count)]
+    calls = max(len(sets), min_calls if device.type == "cuda" else 1)
+    out = {mode: time_fn(lambda s, d: d.copy_(s), sets, mode=mode, calls_per_sample=calls,
+                         samples=samples).median_us for mode in modes}
+    del sets
+    return out
 
 
 def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -143,7 +162,7 @@ def run_microbench(
     work = [(s, d) for d in dts for s in shapes]
     iterator = work
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         iterator = tqdm(work, desc="microbench", unit="shape")
     rows = []
@@ -188,7 +207,7 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     device = torch.device(device)
     work = [(s, c) for s in shapes for c in (configs(s) if callable(configs) else configs)]
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         work = tqdm(work, desc="fused configs", unit="run")
     rows, sets, current = [], None, None

@@ -58,11 +58,18 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict], key: Sequence[str]) -> pd.DataFrame:

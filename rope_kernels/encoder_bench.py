@@ -1,0 +1,162 @@
+"""Vision-encoder latency per RoPE variant, for a bucket of equal-size images.
+
+All variants of a bucket are timed round-robin (one forward of each per
+sample), so slow drift of clocks or temperature hits them alike; the floor is
+the same encoder with RoPE skipped ("none"). In ``cudagraph`` mode the whole
+encoder forward is captured once per (variant, bucket) and replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rope_kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
+from rope_kernels.microbench import minimal_bytes
+from rope_kernels.timing import Timing, summarize
+from rope_kernels.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
+
+
+@dataclass(frozen=True)
+class Bucket:
+    resolution: str
+    images: int
+    grids: tuple
+
+    @property
+    def vit_tokens(self) -> int:
+        return grid_tokens(self.grids)
+
+    @property
+    def llm_tokens(self) -> int:
+        return self.vit_tokens // 4
+
+
+def make_bucket(resolution: str, images: int, *, merge: int = 2) -> Bucket:
+    if isinstance(images, bool) or not isinstance(images, int) or images < 1:
+        raise ValueError(f"image count must be a positive int, got {images!r}")
+    w, h = parse_resolution(resolution)
+    grid = image_patch_grid(w, h, merge_size=merge)
+    return Bucket(resolution, images, (grid,) * images)
+
+
+def rope_minimal_ms(tokens: int, heads: int, head_dim: int, layers: int, copy_gbps: float,
+                    dtype=torch.bfloat16) -> float:
+    """The physical minimum of RoPE in one forward: its minimal bytes, every
+    layer, at the measured copy bandwidth."""
+    return layers * minimal_bytes(tokens, heads, head_dim, dtype) / (copy_gbps * 1e9) * 1e3
+
+
+def _forward(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str):
+    return model(inp.patches, inp.grids, rope=rope, attention=attention,
+                 cu_seqlens=inp.cu_seqlens, max_seqlen=inp.max_seqlen)
+
+
+def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
+                attention: str, *, samples: int = 5, warmup: int = 1) -> dict[str, Timing]:
+    """Median/p20/p80 of one forward per variant (milliseconds in Timing's *_us / 1e3)."""
+    cuda = inp.patches.device.type == "cuda"
+    if mode == "cudagraph" and not cuda:
+        raise ValueError("cudagraph mode needs a GPU")
+    runners = {}
+    for v in variants:
+        for _ in range(max(1, warmup)):
+            _forward(model, inp, v, attention)
+        if mode == "cudagraph":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                _forward(model, inp, v, attention)
+            graph.replay()
+            runners[v] = graph.replay
+        else:
+            runners[v] = lambda v=v: _forward(model, inp, v, attention)
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    if cuda:
+        torch.cuda.synchronize()
+        for _ in range(samples):
+            for v in variants:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                runners[v]()
+                end.record()
+                end.synchronize()
+                times[v].append(start.elapsed_time(end) * 1e3)
+        timer = f"cuda_events_{mode}"
+    else:
+        import time as _time
+
+        for _ in range(samples):
+            for v in variants:
+                t0 = _time.perf_counter()
+                runners[v]()
+                times[v].append((_time.perf_counter() - t0) * 1e6)
+        timer = "wall_clock_cpu"
+    out = {v: summarize(ts, timer, 1) for v, ts in times.items()}
+    runners.clear()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return out
+
+
+def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
+    """Fraction of one forward's time spent inside the ``rope`` ranges, from the
+    profiler: device time of their kernels over all device time on a GPU, CPU
+    time of their ops over the forward's CPU time on the CPU."""
+    if rope == "none":
+        return 0.0
+    cuda = inp.patches.device.type == "cuda"
+    _forward(model, inp, rope, attention)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        _forward(model, inp, rope, attention)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    if cuda:
+        def dev(e):
+            return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+
+        rope_t = sum(dev(e) for e in events if e.key == "rope")
+        total = sum(float(getattr(e, "self_device_time_total", None)
+                          or getattr(e, "self_cuda_time_total", 0.0)) for e in events)
+    else:
+        rope_t = sum(e.cpu_time_total for e in events if e.key == "rope")
+        total = sum(e.self_cpu_time_total for e in events)
+    return rope_t / total if total > 0 else float("nan")
+
+
+def forward_peak_mb(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
+    """Peak device memory of one eager forward beyond what was allocated before
+    (activations and temporaries; MB = 1e6 bytes). NaN on the CPU."""
+    if inp.patches.device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = _forward(model, inp, rope, attention)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 1e6
+
+
+def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
+                  variants: Sequence[str] = ("fused", "fused_inplace", "vllm_merged")) -> dict:
+    """Max |variant - native| over the encoder output, against the native output's
+    scale and the bf16 resolution at that scale."""
+    ref = _forward(model, inp, "native", attention).float()
+    scale = ref.abs().max().item()
+    result = {}
+    for v in variants:
+        out = _forward(model, inp, v, attention).float()
+        result[v] = (out - ref).abs().max().item()
+    return {"scale": scale, **result}
+
+
+__all__ = ["Bucket", "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree",
+           "rope_minimal_ms", "rope_share", "time_bucket"]

@@ -1,0 +1,114 @@
+"""HTML reports that open offline, and reports/index.html linking every device."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from rope_kernels.results import write_atomic
+from rope_kernels.summary import all_devices
+
+_NETWORK = re.compile(r"(https?:)?//[\w.-]+\.[a-z]{2,}/", re.IGNORECASE)
+_SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>", re.IGNORECASE | re.DOTALL)
+_LINK = re.compile(r"<link\b[^>]*>", re.IGNORECASE)
+
+
+def _fetches(tag_or_script: str) -> bool:
+    if re.search(r"\bsrc\s*=\s*[\"']?(https?:)?//", tag_or_script, re.IGNORECASE):
+        return True
+    if re.search(r"\bhref\s*=\s*[\"']?(https?:)?//", tag_or_script, re.IGNORECASE):
+        return True
+    return bool(re.search(r"import\s*\(?\s*[\"'](https?:)?//", tag_or_script))
+
+
+def strip_remote_resources(page: str) -> str:
+    """Drop every <script> and <link> that would fetch from the network when the
+    page opens (nbconvert's template carries require.js, MathJax and mermaid
+    loaders; the reports need none of them and must open offline)."""
+    page = _SCRIPT.sub(lambda m: "" if _fetches(m.group(0)) else m.group(0), page)
+    return _LINK.sub(lambda m: "" if _fetches(m.group(0)) else m.group(0), page)
+
+
+def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool = True) -> Path:
+    """Export an executed notebook to a self-contained HTML file (atomically)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(notebook_path), as_version=4)
+    exporter = HTMLExporter(template_name="lab")
+    exporter.exclude_input = hide_inputs
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    body, _ = exporter.from_notebook_node(nb)
+    write_atomic(Path(html_path), strip_remote_resources(body))
+    return Path(html_path)
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem auto;
+       max-width: 72rem; padding: 0 1rem; color: #222; }
+table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
+th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
+h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
+.note { color: #555; font-size: 0.9rem; }
+"""
+
+
+def build_index(root: Path) -> Path:
+    """reports/index.html: every device's reports and a one-row-per-device summary."""
+    root = Path(root)
+    reports = root / "reports"
+    devices = sorted(p for p in reports.iterdir() if p.is_dir()) if reports.exists() else []
+    summary = all_devices(root / "data")
+    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+             "<title>Vision RoPE kernel study: reports</title>",
+             f"<style>{_CSS}</style></head><body>",
+             "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>",
+             "<p class='note'>Every figure below was measured by this project's runner; "
+             "device, versions and commit are in each report and in every row of data/.</p>"]
+    parts.append("<h2>Summary per device</h2>")
+    if summary.empty:
+        parts.append("<p>No results yet: run <code>make study</code>.</p>")
+    else:
+        parts.append(_summary_table(summary))
+    parts.append("<h2>Reports</h2>")
+    for dev in devices:
+        pages = sorted(dev.glob("*.html"))
+        if not pages:
+            continue
+        parts.append(f"<h3>{html.escape(dev.name)}</h3><ul>")
+        for page in pages:
+            rel = page.relative_to(reports).as_posix()
+            parts.append(f"<li><a href='{html.escape(rel)}'>{html.escape(page.stem)}</a></li>")
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    out = reports / "index.html"
+    write_atomic(out, "\n".join(parts))
+    return out
+
+
+_COLUMNS = {
+    "device": "device folder",
+    "device_name": "device",
+    "git_commit": "commit",
+    "kimi_tokens": "tokens (16x72)",
+    "fused_speedup_vs_native": "fused / native (16x72, CUDA graph)",
+    "fused_pct_of_copy": "fused % of copy bandwidth",
+    "vllm_merged_speedup_vs_native": "merged vLLM / native",
+    "pr_fused_at_or_under_cudagraph": "PR rows: fused at/under PR time (cold L2)",
+    "pr_fused_at_or_under_cudagraph_warm": "PR rows: fused at/under PR time (warm L2)",
+    "encoder_images": "images (encoder)",
+    "encoder_native_ms": "encoder native ms",
+    "encoder_fused_ms": "encoder fused ms",
+    "encoder_saving_pct": "encoder saving %",
+}
+
+
+def _summary_table(summary: pd.DataFrame) -> str:
+    cols = [c for c in _COLUMNS if c in summary.columns]
+    table = summary[cols].rename(columns=_COLUMNS)
+    return table.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}", border=0)

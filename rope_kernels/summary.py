@@ -1,0 +1,97 @@
+"""Headline numbers per device, read back from data/<device>/*.csv.
+
+Shared by notebooks/05_summary and reports/index.html so both say the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
+PR_TABLE = Path(__file__).resolve().parent.parent / "data" / "reference" / "pr50400_table.csv"
+
+
+def load_device_tables(data_root: Path, name: str) -> pd.DataFrame:
+    """Concatenate ``data/*/<name>`` (reference data excluded)."""
+    frames = []
+    for path in sorted(Path(data_root).glob(f"*/{name}")):
+        if path.parent.name == "reference":
+            continue
+        df = pd.read_csv(path)
+        df["device_folder"] = path.parent.name
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def pr_comparison(micro: pd.DataFrame, pr: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """Our native and fused beside the PR's published rows (same shapes, bf16)."""
+    ours = micro[(micro["mode"] == mode) & (micro["dtype"] == "bfloat16")
+                 & micro["variant"].isin(["native", "fused"])]
+    wide = ours.pivot_table(index=["tokens", "heads", "head_dim"], columns="variant",
+                            values="median_us").reset_index()
+    wide = wide.rename(columns={"native": "our_native_us", "fused": "our_fused_us"})
+    out = pr.merge(wide, on=["tokens", "heads", "head_dim"], how="inner")
+    if out.empty:
+        return out
+    out["our_speedup"] = out["our_native_us"] / out["our_fused_us"]
+    out["fused_at_or_under_pr"] = out["our_fused_us"] <= out["fused_us"]
+    return out
+
+
+def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | None = None) -> dict:
+    """One device's headline row (NaN where the data does not cover a figure)."""
+    nan = float("nan")
+    row: dict = {}
+    if not micro.empty:
+        row["device_name"] = micro["device_name"].iloc[0]
+        row["git_commit"] = micro["git_commit"].iloc[-1]
+        g = micro[(micro["mode"] == "cudagraph") & (micro["dtype"] == "bfloat16")]
+        kimi = g[(g["heads"] == KIMI[0]) & (g["head_dim"] == KIMI[1])]
+        fused = kimi[kimi["variant"] == "fused"]
+        if not fused.empty:
+            big = fused[fused["tokens"] == fused["tokens"].max()].iloc[0]
+            row["kimi_tokens"] = int(big["tokens"])
+            row["fused_speedup_vs_native"] = big["speedup_vs_native"]
+            row["fused_pct_of_copy"] = big["pct_of_copy"]
+            merged = kimi[(kimi["variant"] == "vllm_merged") & (kimi["tokens"] == big["tokens"])]
+            row["vllm_merged_speedup_vs_native"] = (merged["speedup_vs_native"].iloc[0]
+                                                    if not merged.empty else nan)
+        if pr is not None and not pr.empty:
+            for mode in ("cudagraph", "cudagraph_warm"):
+                cmp = pr_comparison(micro, pr, mode)
+                if len(cmp):
+                    row[f"pr_fused_at_or_under_{mode}"] = (
+                        f"{int(cmp['fused_at_or_under_pr'].sum())}/{len(cmp)}")
+    if not ttft.empty:
+        row.setdefault("device_name", ttft["device_name"].iloc[0])
+        t = ttft[(ttft["mode"] == "cudagraph") & (ttft["resolution"] == "1024x1024")]
+        if t.empty:
+            t = ttft[ttft["mode"] == ttft["mode"].iloc[0]]
+        if not t.empty:
+            n = t["images"].max()
+            at = t[t["images"] == n].set_index("variant")["median_ms"]
+            if {"native", "fused"} <= set(at.index):
+                row["encoder_images"] = int(n)
+                row["encoder_resolution"] = t["resolution"].iloc[0]
+                row["encoder_native_ms"] = at["native"]
+                row["encoder_fused_ms"] = at["fused"]
+                row["encoder_saving_ms"] = at["native"] - at["fused"]
+                row["encoder_saving_pct"] = 100 * (at["native"] - at["fused"]) / at["native"]
+    return row
+
+
+def all_devices(data_root: Path) -> pd.DataFrame:
+    """One summary row per device folder under ``data_root``."""
+    micro = load_device_tables(data_root, "microbench.csv")
+    ttft = load_device_tables(data_root, "ttft.csv")
+    pr = pd.read_csv(PR_TABLE) if PR_TABLE.exists() else None
+    folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))
+                     | set(ttft.get("device_folder", pd.Series(dtype=str))))
+    rows = []
+    for folder in folders:
+        m = micro[micro["device_folder"] == folder] if not micro.empty else micro
+        t = ttft[ttft["device_folder"] == folder] if not ttft.empty else ttft
+        rows.append({"device": folder, **device_summary(m, t, pr)})
+    return pd.DataFrame(rows)
