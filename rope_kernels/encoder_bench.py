@@ -103,10 +103,26 @@ def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[st
     return out
 
 
+def _kernel_time(evt) -> float:
+    """Device time of the kernels a CPU event launched itself (microseconds)."""
+    return sum(float(getattr(k, "duration", 0.0)) for k in getattr(evt, "kernels", []) or [])
+
+
+def _subtree(evt):
+    yield evt
+    for child in getattr(evt, "cpu_children", []) or []:
+        yield from _subtree(child)
+
+
 def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
-    """Fraction of one forward's time spent inside the ``rope`` ranges, from the
-    profiler: device time of their kernels over all device time on a GPU, CPU
-    time of their ops over the forward's CPU time on the CPU."""
+    """Fraction of one forward's time spent in RoPE, from the profiler.
+
+    On a GPU: device time of the kernels launched inside the ``rope`` ranges over
+    the device time of every kernel of the forward. Each kernel is attributed to
+    the CPU call that launched it and summed once (the GPU-side copies of the
+    ``rope`` annotation ranges are not kernels and are not counted). On the CPU:
+    the CPU time of the ``rope`` ranges over the forward's CPU time.
+    """
     if rope == "none":
         return 0.0
     cuda = inp.patches.device.type == "cuda"
@@ -116,18 +132,25 @@ def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: 
         _forward(model, inp, rope, attention)
         if cuda:
             torch.cuda.synchronize()
-    events = prof.key_averages()
+    all_events = list(prof.events())
+    events = [e for e in all_events if str(e.device_type).endswith("CPU")]
+    ranges = [e for e in events if e.name == "rope"]
     if cuda:
-        def dev(e):
-            return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
-
-        rope_t = sum(dev(e) for e in events if e.key == "rope")
-        total = sum(float(getattr(e, "self_device_time_total", None)
-                          or getattr(e, "self_cuda_time_total", 0.0)) for e in events)
+        total = sum(_kernel_time(e) for e in events)
+        inside = sum(_kernel_time(d) for r in ranges for d in _subtree(r))
+        if total == 0:  # kernels not attached to CPU calls: use the GPU-side ranges' spans
+            gpu = [e for e in all_events if not str(e.device_type).endswith("CPU")]
+            spans = [(e.time_range.start, e.time_range.end) for e in gpu if e.name == "rope"]
+            kernels = [e for e in gpu if e.name != "rope"
+                       and not getattr(e, "is_user_annotation", False)]
+            total = sum(k.time_range.elapsed_us() for k in kernels)
+            inside = sum(k.time_range.elapsed_us() for k in kernels
+                         if any(a <= k.time_range.start and k.time_range.end <= b for a, b in spans))
     else:
-        rope_t = sum(e.cpu_time_total for e in events if e.key == "rope")
-        total = sum(e.self_cpu_time_total for e in events)
-    return rope_t / total if total > 0 else float("nan")
+        roots = [e for e in events if getattr(e, "cpu_parent", None) is None]
+        total = sum(e.cpu_time_total for e in roots)
+        inside = sum(r.cpu_time_total for r in ranges)
+    return inside / total if total > 0 else float("nan")
 
 
 def forward_peak_mb(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
