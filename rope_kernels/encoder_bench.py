@@ -103,9 +103,10 @@ def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[st
     return out
 
 
-def _kernel_time(evt) -> float:
-    """Device time of the kernels a CPU event launched itself (microseconds)."""
-    return sum(float(getattr(k, "duration", 0.0)) for k in getattr(evt, "kernels", []) or [])
+# Kernels RoPE variants launch through Triton's own launcher. The profiler records
+# them as device events but (torch 2.11) does not attach them to the CPU call that
+# launched them, so they are recognised by name.
+TRITON_ROPE_KERNELS = ("_fused_qk_rope_kernel", "_rotary_interleaved_kernel")
 
 
 def _subtree(evt):
@@ -114,15 +115,36 @@ def _subtree(evt):
         yield from _subtree(child)
 
 
-def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
-    """Fraction of one forward's time spent in RoPE, from the profiler.
+def _is_cpu(evt) -> bool:
+    return str(getattr(evt, "device_type", "")).endswith("CPU")
 
-    On a GPU: device time of the kernels launched inside the ``rope`` ranges over
-    the device time of every kernel of the forward. Each kernel is attributed to
-    the CPU call that launched it and summed once (the GPU-side copies of the
-    ``rope`` annotation ranges are not kernels and are not counted). On the CPU:
-    the CPU time of the ``rope`` ranges over the forward's CPU time.
+
+def attribute_rope_time(events, label: str = "rope",
+                        triton_kernels=TRITON_ROPE_KERNELS) -> tuple[float, float]:
+    """(RoPE device time, all device time) in microseconds from profiler events.
+
+    All time: every device operation (kernels, copies), not the GPU-side copies of
+    ``record_function`` ranges. RoPE time: device operations attached to calls
+    inside ``label`` ranges, plus Triton RoPE kernels (by name) that no CPU call
+    claims; each operation counted once.
     """
+    events = list(events)
+    device_ops = [e for e in events if not _is_cpu(e) and e.name != label
+                  and not getattr(e, "is_user_annotation", False)]
+    total = sum(float(e.time_range.elapsed_us()) for e in device_ops)
+    ranges = [e for e in events if _is_cpu(e) and e.name == label]
+    attached = [k for r in ranges for d in _subtree(r) for k in (getattr(d, "kernels", None) or [])]
+    inside = sum(float(k.duration) for k in attached)
+    claimed = {k.name for k in attached}
+    inside += sum(float(e.time_range.elapsed_us()) for e in device_ops
+                  if e.name in triton_kernels and e.name not in claimed)
+    return inside, total
+
+
+def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
+    """Fraction of one forward's time spent in RoPE, from the profiler: on a GPU
+    RoPE's device time over all device time (``attribute_rope_time``); on the CPU
+    the CPU time of the ``rope`` ranges over the forward's CPU time."""
     if rope == "none":
         return 0.0
     cuda = inp.patches.device.type == "cuda"
@@ -132,24 +154,12 @@ def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: 
         _forward(model, inp, rope, attention)
         if cuda:
             torch.cuda.synchronize()
-    all_events = list(prof.events())
-    events = [e for e in all_events if str(e.device_type).endswith("CPU")]
-    ranges = [e for e in events if e.name == "rope"]
     if cuda:
-        total = sum(_kernel_time(e) for e in events)
-        inside = sum(_kernel_time(d) for r in ranges for d in _subtree(r))
-        if total == 0:  # kernels not attached to CPU calls: use the GPU-side ranges' spans
-            gpu = [e for e in all_events if not str(e.device_type).endswith("CPU")]
-            spans = [(e.time_range.start, e.time_range.end) for e in gpu if e.name == "rope"]
-            kernels = [e for e in gpu if e.name != "rope"
-                       and not getattr(e, "is_user_annotation", False)]
-            total = sum(k.time_range.elapsed_us() for k in kernels)
-            inside = sum(k.time_range.elapsed_us() for k in kernels
-                         if any(a <= k.time_range.start and k.time_range.end <= b for a, b in spans))
+        inside, total = attribute_rope_time(prof.events())
     else:
-        roots = [e for e in events if getattr(e, "cpu_parent", None) is None]
-        total = sum(e.cpu_time_total for e in roots)
-        inside = sum(r.cpu_time_total for r in ranges)
+        events = [e for e in prof.events() if _is_cpu(e)]
+        total = sum(e.cpu_time_total for e in events if getattr(e, "cpu_parent", None) is None)
+        inside = sum(e.cpu_time_total for e in events if e.name == "rope")
     return inside / total if total > 0 else float("nan")
 
 

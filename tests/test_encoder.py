@@ -1,0 +1,122 @@
+"""The MoonViT-shaped encoder: token counts, variants agree, RoPE time attribution."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from rope_kernels.encoder_bench import (attribute_rope_time, make_bucket, outputs_agree,
+                                        rope_minimal_ms, time_bucket)
+from rope_kernels.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
+                              pick_attention)
+
+
+@pytest.fixture(scope="module")
+def small():
+    cfg = EncoderConfig.small()
+    return cfg, MoonViTEncoder(cfg, dtype=torch.bfloat16, seed=1)
+
+
+def test_kimi_dimensions():
+    cfg = EncoderConfig.kimi_k25()
+    assert (cfg.hidden, cfg.heads, cfg.head_dim, cfg.layers, cfg.mlp, cfg.text_hidden) == \
+        (1152, 16, 72, 27, 4304, 7168)
+
+
+def test_buckets_follow_kimis_resize_rule():
+    b = make_bucket("1024x1024", 16)
+    assert b.grids[0] == (1, 74, 74) and b.vit_tokens == 16 * 5476 and b.llm_tokens == 16 * 1369
+    with pytest.raises(ValueError, match="1024x1024"):
+        make_bucket("1024*1024", 1)
+    with pytest.raises(ValueError, match="positive"):
+        make_bucket("448x448", 0)
+
+
+def test_variants_agree_and_none_differs(small, device):
+    cfg, model = small
+    model = model.to(device)
+    inp = encoder_inputs([(1, 4, 6), (1, 2, 2)], cfg, device=device, seed=3)
+    att = pick_attention(inp.grids, device)
+    agree = outputs_agree(model, inp, att)
+    for v in ("fused", "fused_inplace", "vllm_merged"):
+        assert agree[v] <= 2 * agree["scale"] * 2**-7, agree
+    ref = model(inp.patches, inp.grids, rope="native", attention=att)
+    none = model(inp.patches, inp.grids, rope="none", attention=att)
+    assert ref.shape == (6 + 1, cfg.text_hidden) and torch.isfinite(ref).all()
+    assert (ref.float() - none.float()).abs().max() > 10 * agree["scale"] * 2**-7
+
+
+def test_encoder_rejects_bad_input(small):
+    cfg, model = small
+    inp = encoder_inputs([(1, 4, 4)], cfg)
+    with pytest.raises(ValueError, match="rope must be one of"):
+        model(inp.patches, inp.grids, rope="neox")
+    with pytest.raises(ValueError, match="patches must have shape"):
+        model(inp.patches[:3], inp.grids)
+    with pytest.raises(ValueError, match="multiples of the 2x2 merge"):
+        model(encoder_inputs([(1, 3, 4)], cfg).patches, [(1, 3, 4)])
+
+
+def test_time_bucket_on_cpu(small):
+    cfg, model = small
+    inp = encoder_inputs([(1, 2, 2)], cfg)
+    t = time_bucket(model, inp, ROPE_VARIANTS, "eager", "sdpa_per_image", samples=1, warmup=0)
+    assert set(t) == set(ROPE_VARIANTS) and all(v.median_us > 0 for v in t.values())
+    with pytest.raises(ValueError, match="GPU"):
+        time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")
+
+
+def test_rope_minimal_time():
+    # 27 layers x (8 bytes per q/k element pair in bf16 + 4 per cos/sin element) / 4000 GB/s
+    ms = rope_minimal_ms(5476, 16, 72, 27, 4000.0)
+    assert ms == pytest.approx(27 * (8 * 5476 * 1152 + 4 * 5476 * 72) / 4e12 * 1e3)
+
+
+# --- attributing device time to RoPE from profiler events (synthetic events) ----
+@dataclass
+class Span:
+    us: float
+
+    def elapsed_us(self):
+        return self.us
+
+
+@dataclass
+class Kernel:
+    name: str
+    duration: float
+
+
+@dataclass
+class Event:
+    name: str
+    device_type: str
+    us: float = 0.0
+    kernels: list = field(default_factory=list)
+    cpu_children: list = field(default_factory=list)
+
+    @property
+    def time_range(self):
+        return Span(self.us)
+
+
+def _profile(triton_attached: bool):
+    """A forward: a GEMM, a RoPE range (aten copy + a Triton kernel), attention.
+    The GPU-side copy of the 'rope' range is a device event too."""
+    copy = Event("aten::_to_copy", "DeviceType.CPU", kernels=[Kernel("copy_kernel", 10.0)])
+    launch = Event("cuLaunchKernelEx", "DeviceType.CPU",
+                   kernels=[Kernel("_fused_qk_rope_kernel", 30.0)] if triton_attached else [])
+    rope = Event("rope", "DeviceType.CPU", cpu_children=[copy, launch])
+    gemm = Event("aten::mm", "DeviceType.CPU", kernels=[Kernel("gemm", 500.0)])
+    device = [Event("gemm", "DeviceType.CUDA", 500.0), Event("copy_kernel", "DeviceType.CUDA", 10.0),
+              Event("_fused_qk_rope_kernel", "DeviceType.CUDA", 30.0),
+              Event("attention", "DeviceType.CUDA", 460.0),
+              Event("rope", "DeviceType.CUDA", 45.0)]  # annotation range, not a kernel
+    return [gemm, rope, copy, launch, *device]
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_rope_time_counts_triton_kernels_once(attached):
+    inside, total = attribute_rope_time(_profile(attached))
+    assert total == 1000.0  # kernels only; the annotation range is not time of its own
+    assert inside == 40.0  # the copy and the Triton kernel, whether attached or not
