@@ -23,6 +23,8 @@ def _run(args) -> int:
     from rope_kernels.runner import ParameterError, run_study
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # Stream what the notebooks print (their sweep progress bars included) as they run.
+    logging.getLogger("papermill").setLevel(logging.INFO)
     try:
         run_study(device=args.device, params_file=args.params, overrides=args.param or (),
                   only=args.only, keep_inputs=args.keep_inputs)

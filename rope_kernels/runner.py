@@ -232,7 +232,7 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
     try:
         papermill.execute_notebook(str(src), tmp, parameters=parameters, cwd=str(cwd),
                                    kernel_name=kernel_name, progress_bar=sys.stderr.isatty(),
-                                   log_output=False, report_mode=False)
+                                   log_output=True, report_mode=False)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:

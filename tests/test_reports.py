@@ -157,7 +157,7 @@ def test_chromium_displays_report_plots_and_tables(report, tmp_path):
     dom, pixels = _render(report.as_uri(), tmp_path, "report")
     assert dom.count("<table") >= 2 and "data:image/png;base64" in dom
     colour = pixels.max(axis=-1) - pixels.min(axis=-1)  # saturation: plot lines, not text
-    assert (colour > 0.3).mean() > 0.001, "no coloured plot pixels rendered"
+    assert (colour > 0.3).sum() > 1000, "no coloured plot pixels rendered"  # a blank page has 0
     assert (pixels.mean(axis=-1) < 0.5).mean() > 0.002, "no dark (text) pixels rendered"
 
 
