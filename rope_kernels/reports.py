@@ -94,7 +94,7 @@ def build_index(root: Path) -> Path:
 _COLUMNS = {
     "device": "device folder",
     "device_name": "device",
-    "git_commit": "commit",
+    "microbench_commit": "kernel runs' commit",
     "kimi_tokens": "tokens (16x72)",
     "fused_speedup_vs_native": "fused / native (16x72, CUDA graph)",
     "fused_pct_of_copy": "fused % of copy bandwidth",
@@ -105,6 +105,7 @@ _COLUMNS = {
     "encoder_native_ms": "encoder native ms",
     "encoder_fused_ms": "encoder fused ms",
     "encoder_saving_pct": "encoder saving %",
+    "encoder_commit": "encoder runs' commit",
 }
 
 

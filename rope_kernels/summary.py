@@ -46,7 +46,7 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
     row: dict = {}
     if not micro.empty:
         row["device_name"] = micro["device_name"].iloc[0]
-        row["git_commit"] = micro["git_commit"].iloc[-1]
+        row["microbench_commit"] = ", ".join(sorted(set(micro["git_commit"].astype(str))))
         g = micro[(micro["mode"] == "cudagraph") & (micro["dtype"] == "bfloat16")]
         kimi = g[(g["heads"] == KIMI[0]) & (g["head_dim"] == KIMI[1])]
         fused = kimi[kimi["variant"] == "fused"]
@@ -66,6 +66,8 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
                         f"{int(cmp['fused_at_or_under_pr'].sum())}/{len(cmp)}")
     if not ttft.empty:
         row.setdefault("device_name", ttft["device_name"].iloc[0])
+        if "git_commit" in ttft:
+            row["encoder_commit"] = ", ".join(sorted(set(ttft["git_commit"].astype(str))))
         t = ttft[(ttft["mode"] == "cudagraph") & (ttft["resolution"] == "1024x1024")]
         if t.empty:
             t = ttft[ttft["mode"] == ttft["mode"].iloc[0]]
