@@ -124,9 +124,9 @@ def attribute_rope_time(events, label: str = "rope",
     """(RoPE device time, all device time) in microseconds from profiler events.
 
     All time: every device operation (kernels, copies), not the GPU-side copies of
-    ``record_function`` ranges. RoPE time: device operations attached to calls
-    inside ``label`` ranges, plus Triton RoPE kernels (by name) that no CPU call
-    claims; each operation counted once.
+    ``record_function`` ranges. RoPE time: Triton RoPE kernels, recognised by name
+    among the device operations (attached to their launch or not), plus the other
+    device operations attached to calls inside ``label`` ranges; each counted once.
     """
     events = list(events)
     device_ops = [e for e in events if not _is_cpu(e) and e.name != label
@@ -134,10 +134,8 @@ def attribute_rope_time(events, label: str = "rope",
     total = sum(float(e.time_range.elapsed_us()) for e in device_ops)
     ranges = [e for e in events if _is_cpu(e) and e.name == label]
     attached = [k for r in ranges for d in _subtree(r) for k in (getattr(d, "kernels", None) or [])]
-    inside = sum(float(k.duration) for k in attached)
-    claimed = {k.name for k in attached}
-    inside += sum(float(e.time_range.elapsed_us()) for e in device_ops
-                  if e.name in triton_kernels and e.name not in claimed)
+    inside = sum(float(k.duration) for k in attached if k.name not in triton_kernels)
+    inside += sum(float(e.time_range.elapsed_us()) for e in device_ops if e.name in triton_kernels)
     return inside, total
 
 

@@ -100,23 +100,26 @@ class Event:
         return Span(self.us)
 
 
-def _profile(triton_attached: bool):
-    """A forward: a GEMM, a RoPE range (aten copy + a Triton kernel), attention.
-    The GPU-side copy of the 'rope' range is a device event too."""
-    copy = Event("aten::_to_copy", "DeviceType.CPU", kernels=[Kernel("copy_kernel", 10.0)])
-    launch = Event("cuLaunchKernelEx", "DeviceType.CPU",
-                   kernels=[Kernel("_fused_qk_rope_kernel", 30.0)] if triton_attached else [])
-    rope = Event("rope", "DeviceType.CPU", cpu_children=[copy, launch])
-    gemm = Event("aten::mm", "DeviceType.CPU", kernels=[Kernel("gemm", 500.0)])
-    device = [Event("gemm", "DeviceType.CUDA", 500.0), Event("copy_kernel", "DeviceType.CUDA", 10.0),
-              Event("_fused_qk_rope_kernel", "DeviceType.CUDA", 30.0),
-              Event("attention", "DeviceType.CUDA", 460.0),
-              Event("rope", "DeviceType.CUDA", 45.0)]  # annotation range, not a kernel
-    return [gemm, rope, copy, launch, *device]
+def _profile(attached: tuple[bool, bool]):
+    """A forward: a GEMM, two RoPE ranges (aten copy + a Triton kernel each),
+    attention. ``attached`` says per range whether the profiler attached the Triton
+    kernel to its launch. The GPU-side copies of the 'rope' ranges are device events too."""
+    cpu, device = [Event("aten::mm", "DeviceType.CPU", kernels=[Kernel("gemm", 500.0)])], []
+    for i, att in enumerate(attached):
+        us = 30.0 + i  # the two Triton launches differ, so a dropped one shows
+        copy = Event("aten::_to_copy", "DeviceType.CPU", kernels=[Kernel("copy_kernel", 5.0)])
+        launch = Event("cuLaunchKernelEx", "DeviceType.CPU",
+                       kernels=[Kernel("_fused_qk_rope_kernel", us)] if att else [])
+        cpu += [Event("rope", "DeviceType.CPU", cpu_children=[copy, launch]), copy, launch]
+        device += [Event("copy_kernel", "DeviceType.CUDA", 5.0),
+                   Event("_fused_qk_rope_kernel", "DeviceType.CUDA", us),
+                   Event("rope", "DeviceType.CUDA", 45.0)]  # annotation range, not a kernel
+    device += [Event("gemm", "DeviceType.CUDA", 500.0), Event("attention", "DeviceType.CUDA", 429.0)]
+    return cpu + device
 
 
-@pytest.mark.parametrize("attached", [False, True])
+@pytest.mark.parametrize("attached", [(False, False), (True, True), (True, False)])
 def test_rope_time_counts_triton_kernels_once(attached):
     inside, total = attribute_rope_time(_profile(attached))
-    assert total == 1000.0  # kernels only; the annotation range is not time of its own
-    assert inside == 40.0  # the copy and the Triton kernel, whether attached or not
+    assert total == 1000.0  # kernels only; the annotation ranges are not time of their own
+    assert inside == 71.0  # both copies and both Triton kernels, attached or not, once each
