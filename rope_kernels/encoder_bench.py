@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import nan
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -55,10 +56,15 @@ def _forward(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: st
                  cu_seqlens=inp.cu_seqlens, max_seqlen=inp.max_seqlen)
 
 
-def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
-                attention: str, *, samples: int = 5, warmup: int = 1) -> dict[str, Timing]:
-    """Median/p20/p80 of one forward per variant (milliseconds in Timing's *_us / 1e3)."""
+def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
+                   attention: str, *, samples: int = 5, warmup: int = 1) -> tuple[str, dict[str, list[float]]]:
+    """(timer, per-variant forward times in microseconds). Round ``i`` of every
+    variant was timed back to back, so ``times[a][i]`` and ``times[b][i]`` pair up."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive int, got {samples!r}")
     cuda = inp.patches.device.type == "cuda"
+    if mode not in ("eager", "cudagraph"):
+        raise ValueError(f"mode must be 'eager' or 'cudagraph', got {mode!r}")
     if mode == "cudagraph" and not cuda:
         raise ValueError("cudagraph mode needs a GPU")
     runners = {}
@@ -95,11 +101,39 @@ def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[st
                 runners[v]()
                 times[v].append((_time.perf_counter() - t0) * 1e6)
         timer = "wall_clock_cpu"
-    out = {v: summarize(ts, timer, 1) for v, ts in times.items()}
     runners.clear()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    return timer, times
+
+
+def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
+                attention: str, *, samples: int = 5, warmup: int = 1) -> dict[str, Timing]:
+    """Median/p20/p80 of one forward per variant (milliseconds in Timing's *_us / 1e3)."""
+    timer, times = bucket_samples(model, inp, variants, mode, attention, samples=samples, warmup=warmup)
+    return {v: summarize(ts, timer, 1) for v, ts in times.items()}
+
+
+def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float]:
+    """Per-round comparisons of ``variant`` with native and with the floor ("none"),
+    summarised over rounds (median, p20, p80). Pairing each round cancels the drift
+    that moves all variants of a round together, which medians taken apart keep.
+
+    ``saving_pct``: 100 (native_i - variant_i) / native_i; ``rope_cost_ms``:
+    (variant_i - none_i) / 1e3. A comparison is NaN where its partner was not timed.
+    """
+    if variant not in times:
+        raise ValueError(f"{variant!r} was not timed; timed: {sorted(times)}")
+    mine = times[variant]
+    out = {}
+    for name, partner, f in (("saving_pct", "native", lambda m, p: 100 * (p - m) / p),
+                             ("rope_cost_ms", "none", lambda m, p: (m - p) / 1e3)):
+        if partner not in times or len(times[partner]) != len(mine):
+            out.update({name: nan, f"{name}_p20": nan, f"{name}_p80": nan})
+            continue
+        t = summarize([f(m, p) for m, p in zip(mine, times[partner])], "paired", 1)
+        out.update({name: t.median_us, f"{name}_p20": t.p20_us, f"{name}_p80": t.p80_us})
     return out
 
 
@@ -189,5 +223,5 @@ def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
     return {"scale": scale, **result}
 
 
-__all__ = ["Bucket", "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree",
-           "rope_minimal_ms", "rope_share", "time_bucket"]
+__all__ = ["Bucket", "bucket_samples", "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree",
+           "paired_stats", "rope_minimal_ms", "rope_share", "time_bucket"]

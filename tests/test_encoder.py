@@ -1,12 +1,13 @@
 """The MoonViT-shaped encoder: token counts, variants agree, RoPE time attribution."""
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from rope_kernels.encoder_bench import (attribute_rope_time, make_bucket, outputs_agree,
-                                        rope_minimal_ms, time_bucket)
+from rope_kernels.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
+                                        outputs_agree, paired_stats, rope_minimal_ms, time_bucket)
 from rope_kernels.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
                               pick_attention)
 
@@ -64,6 +65,28 @@ def test_time_bucket_on_cpu(small):
     assert set(t) == set(ROPE_VARIANTS) and all(v.median_us > 0 for v in t.values())
     with pytest.raises(ValueError, match="GPU"):
         time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")
+    with pytest.raises(ValueError, match="mode"):
+        time_bucket(model, inp, ["native"], "graph", "sdpa_per_image")
+    with pytest.raises(ValueError, match="samples"):
+        bucket_samples(model, inp, ["native"], "eager", "sdpa_per_image", samples=0)
+    timer, times = bucket_samples(model, inp, ["native", "none"], "eager", "sdpa_per_image",
+                                  samples=3, warmup=0)
+    assert timer == "wall_clock_cpu" and [len(ts) for ts in times.values()] == [3, 3]
+
+
+def test_paired_stats_compare_within_rounds():
+    # Round 2 is slow for every variant (drift): pairing cancels it, medians apart would not.
+    times = {"native": [100.0, 100.0, 200.0, 100.0, 100.0],
+             "fused": [90.0, 92.0, 180.0, 91.0, 90.0],
+             "none": [88.0, 88.0, 176.0, 88.0, 88.0]}
+    p = paired_stats(times, "fused")
+    assert p["saving_pct"] == pytest.approx(10.0)
+    assert p["saving_pct_p20"] == pytest.approx(8.8) and p["saving_pct_p80"] == pytest.approx(10.0)
+    assert p["rope_cost_ms"] == pytest.approx(3e-3)  # microseconds in, milliseconds out
+    assert paired_stats(times, "native")["saving_pct"] == 0.0
+    assert math.isnan(paired_stats({"fused": [1.0]}, "fused")["saving_pct"])  # native not timed
+    with pytest.raises(ValueError, match="not timed"):
+        paired_stats(times, "liger")
 
 
 def test_rope_minimal_time():
