@@ -173,12 +173,12 @@ def attribute_rope_time(events, label: str = "rope",
     return inside, total
 
 
-def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
-    """Fraction of one forward's time spent in RoPE, from the profiler: on a GPU
-    RoPE's device time over all device time (``attribute_rope_time``); on the CPU
-    the CPU time of the ``rope`` ranges over the forward's CPU time."""
-    if rope == "none":
-        return 0.0
+def rope_profile(model: MoonViTEncoder, inp: EncoderInputs, rope: str,
+                 attention: str) -> tuple[float, float]:
+    """(RoPE time, all time) of one profiled forward, in milliseconds. On a GPU:
+    RoPE's device time in place (its kernels on the encoder's own tensors) and all
+    device time (``attribute_rope_time``); on the CPU: the CPU time of the ``rope``
+    ranges and of the forward. RoPE time is 0 for ``none``."""
     cuda = inp.patches.device.type == "cuda"
     _forward(model, inp, rope, attention)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -192,6 +192,12 @@ def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: 
         events = [e for e in prof.events() if _is_cpu(e)]
         total = sum(e.cpu_time_total for e in events if getattr(e, "cpu_parent", None) is None)
         inside = sum(e.cpu_time_total for e in events if e.name == "rope")
+    return (0.0 if rope == "none" else inside / 1e3), total / 1e3
+
+
+def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
+    """Fraction of one forward's time spent in RoPE, from the profiler (``rope_profile``)."""
+    inside, total = rope_profile(model, inp, rope, attention)
     return inside / total if total > 0 else float("nan")
 
 
@@ -224,4 +230,4 @@ def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
 
 
 __all__ = ["Bucket", "bucket_samples", "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree",
-           "paired_stats", "rope_minimal_ms", "rope_share", "time_bucket"]
+           "paired_stats", "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]

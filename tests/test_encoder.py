@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rope_kernels.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
-                                        outputs_agree, paired_stats, rope_minimal_ms, time_bucket)
+                                        outputs_agree, paired_stats, rope_minimal_ms, rope_profile,
+                                        time_bucket)
 from rope_kernels.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
                               pick_attention)
 
@@ -146,3 +147,12 @@ def test_rope_time_counts_triton_kernels_once(attached):
     inside, total = attribute_rope_time(_profile(attached))
     assert total == 1000.0  # kernels only; the annotation ranges are not time of their own
     assert inside == 71.0  # both copies and both Triton kernels, attached or not, once each
+
+
+def test_rope_profile_on_cpu(small):
+    cfg, model = small
+    inp = encoder_inputs([(1, 2, 2)], cfg)
+    att = pick_attention(inp.grids, inp.patches.device)
+    rope_ms, total_ms = rope_profile(model, inp, "native", att)
+    assert 0 < rope_ms < total_ms
+    assert rope_profile(model, inp, "none", att)[0] == 0.0

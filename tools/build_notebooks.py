@@ -515,7 +515,7 @@ pairing cancels drift that moves a whole round, which separate medians keep.
     code(SETUP + '''
 import matplotlib.pyplot as plt
 from rope_kernels.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
-                                        paired_stats, rope_minimal_ms, rope_share)
+                                        paired_stats, rope_minimal_ms, rope_profile)
 from rope_kernels.timing import summarize
 from rope_kernels.microbench import parse_dtype
 from rope_kernels.timing import copy_bandwidth_gbps
@@ -560,7 +560,7 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
     inp = encoder_inputs(b.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
     att = pick_attention(b.grids, dev) if attention == "auto" else attention
     if mode == modes[0]:  # properties of the kernels, not of the launch mode
-        shares = {v: rope_share(model, inp, v, att) for v in variants}
+        profiled = {v: rope_profile(model, inp, v, att) for v in variants}  # (rope ms, all ms)
         peaks = {v: forward_peak_mb(model, inp, v, att) for v in variants}
     timer, times = bucket_samples(model, inp, variants, mode, att, samples=samples)
     for v, ts in times.items():
@@ -569,7 +569,8 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
                      "vit_tokens": b.vit_tokens, "llm_tokens": b.llm_tokens, "mode": mode,
                      "attention_kernel": att, "timer": t.timer, "median_ms": t.median_us / 1e3,
                      "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
-                     "rope_share": shares[v], "copy_gbps": copy_gbps, "peak_mem_mb": peaks[v],
+                     "rope_share": profiled[v][0] / profiled[v][1], "rope_device_ms": profiled[v][0],
+                     "copy_gbps": copy_gbps, "peak_mem_mb": peaks[v],
                      "layers": cfg.layers, "encoder": encoder})
     del inp
 ttft = pd.DataFrame(rows).assign(**provenance(kind))
@@ -639,12 +640,28 @@ fig.tight_layout(); plt.show()
 ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images"], columns="variant",
                                           values="rope_share").mul(100).round(2)
 '''),
+    md("RoPE's device time in one forward, measured in place, against the physical minimum of its bytes:"),
+    code('''
+# NBVAL_IGNORE_OUTPUT
+in_place = ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images", "vit_tokens"],
+                                                      columns="variant", values="rope_device_ms").reset_index()
+in_place["rope_minimal_ms"] = [rope_minimal_ms(t, cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
+                               for t in in_place.vit_tokens]
+for v in variants:
+    if v in in_place and v != "none":
+        in_place[f"{v}_over_minimal"] = in_place[v] / in_place["rope_minimal_ms"]
+in_place.round(3)
+'''),
     md('''
 ## Targets (GPU profile)
 
 At 16 images of 1024x1024, in both modes: the fused encoder's RoPE cost (fused minus none) at
 most 1.2x the physical minimum (27 layers x RoPE's minimal bytes / copy bandwidth), and the
 fused encoder at least 7% faster than native.
+
+RoPE's cost is about 1.5% of this encoder's time while one forward varies by about 1% from
+round to round, so "fused minus none" resolves it only to a few ms; the in-place device time
+from the profiler (printed below the tables) measures the same cost directly.
 '''),
     code('''
 # NBVAL_IGNORE_OUTPUT
@@ -660,6 +677,9 @@ if len(t16) and "fused_rope_cost_ms" in t16:
                  "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80"]].assign(
         rope_minimal_ms=minimal, cost_over_minimal=p16.paired_rope_cost_ms / minimal,
         cost_met=p16.paired_rope_cost_ms / minimal <= 1.2, saving_met=p16.paired_saving_pct >= 7).round(3))
+    in_place = p16.rope_device_ms.iloc[0]
+    print(f"RoPE measured in place (profiler, fused kernels' device time in one forward): "
+          f"{in_place:.3f} ms = {in_place / minimal:.3f}x the {minimal:.3f} ms minimum")
 else:
     print("targets are defined for 16 images of 1024x1024 (the GPU profile)")
 '''),
