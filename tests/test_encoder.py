@@ -14,9 +14,10 @@ from rope_kernels.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, enco
 
 
 @pytest.fixture(scope="module")
-def small():
+def small(device):
+    """The small encoder on the tier's device (GPU machines run these tests compiled)."""
     cfg = EncoderConfig.small()
-    return cfg, MoonViTEncoder(cfg, dtype=torch.bfloat16, seed=1)
+    return cfg, MoonViTEncoder(cfg, device=device, dtype=torch.bfloat16, seed=1)
 
 
 def test_kimi_dimensions():
@@ -36,7 +37,6 @@ def test_buckets_follow_kimis_resize_rule():
 
 def test_variants_agree_and_none_differs(small, device):
     cfg, model = small
-    model = model.to(device)
     inp = encoder_inputs([(1, 4, 6), (1, 2, 2)], cfg, device=device, seed=3)
     att = pick_attention(inp.grids, device)
     agree = outputs_agree(model, inp, att)
@@ -48,31 +48,36 @@ def test_variants_agree_and_none_differs(small, device):
     assert (ref.float() - none.float()).abs().max() > 10 * agree["scale"] * 2**-7
 
 
-def test_encoder_rejects_bad_input(small):
+def test_encoder_rejects_bad_input(small, device):
     cfg, model = small
-    inp = encoder_inputs([(1, 4, 4)], cfg)
+    inp = encoder_inputs([(1, 4, 4)], cfg, device=device)
     with pytest.raises(ValueError, match="rope must be one of"):
         model(inp.patches, inp.grids, rope="neox")
     with pytest.raises(ValueError, match="patches must have shape"):
         model(inp.patches[:3], inp.grids)
     with pytest.raises(ValueError, match="multiples of the 2x2 merge"):
-        model(encoder_inputs([(1, 3, 4)], cfg).patches, [(1, 3, 4)])
+        model(encoder_inputs([(1, 3, 4)], cfg, device=device).patches, [(1, 3, 4)])
 
 
-def test_time_bucket_on_cpu(small):
+def test_time_bucket(small, device):
     cfg, model = small
-    inp = encoder_inputs([(1, 2, 2)], cfg)
+    inp = encoder_inputs([(1, 2, 2)], cfg, device=device)
     t = time_bucket(model, inp, ROPE_VARIANTS, "eager", "sdpa_per_image", samples=1, warmup=0)
     assert set(t) == set(ROPE_VARIANTS) and all(v.median_us > 0 for v in t.values())
-    with pytest.raises(ValueError, match="GPU"):
-        time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")
+    if device == "cpu":
+        with pytest.raises(ValueError, match="GPU"):
+            time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")
+    else:
+        g = time_bucket(model, inp, ["native", "fused"], "cudagraph", "sdpa_per_image", samples=2)
+        assert {v.timer for v in g.values()} == {"cuda_events_cudagraph"}
     with pytest.raises(ValueError, match="mode"):
         time_bucket(model, inp, ["native"], "graph", "sdpa_per_image")
     with pytest.raises(ValueError, match="samples"):
         bucket_samples(model, inp, ["native"], "eager", "sdpa_per_image", samples=0)
     timer, times = bucket_samples(model, inp, ["native", "none"], "eager", "sdpa_per_image",
                                   samples=3, warmup=0)
-    assert timer == "wall_clock_cpu" and [len(ts) for ts in times.values()] == [3, 3]
+    assert timer == ("wall_clock_cpu" if device == "cpu" else "cuda_events_eager")
+    assert [len(ts) for ts in times.values()] == [3, 3]
 
 
 def test_paired_stats_compare_within_rounds():
@@ -149,10 +154,11 @@ def test_rope_time_counts_triton_kernels_once(attached):
     assert inside == 71.0  # both copies and both Triton kernels, attached or not, once each
 
 
-def test_rope_profile_on_cpu(small):
+@pytest.mark.parametrize("rope", ["native", "fused"])
+def test_rope_profile(small, device, rope):
     cfg, model = small
-    inp = encoder_inputs([(1, 2, 2)], cfg)
+    inp = encoder_inputs([(1, 2, 2)], cfg, device=device)
     att = pick_attention(inp.grids, inp.patches.device)
-    rope_ms, total_ms = rope_profile(model, inp, "native", att)
+    rope_ms, total_ms = rope_profile(model, inp, rope, att)
     assert 0 < rope_ms < total_ms
     assert rope_profile(model, inp, "none", att)[0] == 0.0
