@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rope_kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
 from rope_kernels.microbench import minimal_bytes
-from rope_kernels.timing import Timing, summarize
+from rope_kernels.timing import Timing, median_p20_p80, summarize
 from rope_kernels.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
 
 
@@ -132,8 +132,8 @@ def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float
         if partner not in times or len(times[partner]) != len(mine):
             out.update({name: nan, f"{name}_p20": nan, f"{name}_p80": nan})
             continue
-        t = summarize([f(m, p) for m, p in zip(mine, times[partner])], "paired", 1)
-        out.update({name: t.median_us, f"{name}_p20": t.p20_us, f"{name}_p80": t.p80_us})
+        mid, lo, hi = median_p20_p80([f(m, p) for m, p in zip(mine, times[partner])])
+        out.update({name: mid, f"{name}_p20": lo, f"{name}_p80": hi})
     return out
 
 

@@ -42,11 +42,17 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def median_p20_p80(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median and the 20th / 80th percentiles (linear interpolation)."""
+    if not values:
+        raise ValueError("no samples")
+    return statistics.median(values), _quantile(values, 0.2), _quantile(values, 0.8)
+
+
 def summarize(per_call_us: Sequence[float], timer: str, calls: int) -> Timing:
     if not per_call_us:
         raise ValueError("no timing samples")
-    return Timing(timer, statistics.median(per_call_us), _quantile(per_call_us, 0.2),
-                  _quantile(per_call_us, 0.8), len(per_call_us), calls)
+    return Timing(timer, *median_p20_p80(per_call_us), len(per_call_us), calls)
 
 
 def l2_cache_bytes(device: torch.device) -> int:

@@ -516,9 +516,8 @@ pairing cancels drift that moves a whole round, which separate medians keep.
 import matplotlib.pyplot as plt
 from rope_kernels.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
                                         paired_stats, rope_minimal_ms, rope_profile)
-from rope_kernels.timing import summarize
 from rope_kernels.microbench import parse_dtype
-from rope_kernels.timing import copy_bandwidth_gbps
+from rope_kernels.timing import copy_bandwidth_gbps, summarize
 from rope_kernels.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
 if layers:
@@ -565,13 +564,14 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
     timer, times = bucket_samples(model, inp, variants, mode, att, samples=samples)
     for v, ts in times.items():
         t = summarize(ts, timer, 1)
-        rows.append({**{f"paired_{k}": x for k, x in paired_stats(times, v).items()},"variant": v, "resolution": b.resolution, "images": b.images,
+        rows.append({"variant": v, "resolution": b.resolution, "images": b.images,
                      "vit_tokens": b.vit_tokens, "llm_tokens": b.llm_tokens, "mode": mode,
                      "attention_kernel": att, "timer": t.timer, "median_ms": t.median_us / 1e3,
                      "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
                      "rope_share": profiled[v][0] / profiled[v][1], "rope_device_ms": profiled[v][0],
                      "copy_gbps": copy_gbps, "peak_mem_mb": peaks[v],
-                     "layers": cfg.layers, "encoder": encoder})
+                     "layers": cfg.layers, "encoder": encoder,
+                     **{f"paired_{k}": x for k, x in paired_stats(times, v).items()}})
     del inp
 ttft = pd.DataFrame(rows).assign(**provenance(kind))
 if prefill_tokens_per_s > 0:
