@@ -17,15 +17,15 @@ import torch as _torch
 if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from rope_kernels._checks import triton_interpreter_enabled  # noqa: E402
-from rope_kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
-from rope_kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
-from rope_kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
+from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
+from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
+from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
+from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
 from rope_kernels.variants import VARIANTS, Variant, get_variant  # noqa: E402
-from rope_kernels.vllm_merged import vllm_merged_rope  # noqa: E402
+from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope  # noqa: E402
 
 if triton_interpreter_enabled():
-    from rope_kernels._interpreter import patch_bf16_rounding
+    from rope_kernels.kernels.interpreter import patch_bf16_rounding
 
     patch_bf16_rounding()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _wheelhouse(args) -> int:
-    from rope_kernels.wheelhouse import build_wheelhouse
+    from rope_kernels.study.wheelhouse import build_wheelhouse
 
     wheels = build_wheelhouse(Path(args.out), args.python, args.platform, peers=not args.no_peers)
     print(f"{len(wheels)} wheels in {args.out}")
@@ -20,7 +20,7 @@ def _wheelhouse(args) -> int:
 def _run(args) -> int:
     import logging
 
-    from rope_kernels.runner import ParameterError, run_study
+    from rope_kernels.study.runner import ParameterError, run_study
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # Stream what the notebooks print (their sweep progress bars included) as they run.
@@ -35,15 +35,15 @@ def _run(args) -> int:
 
 
 def _index(args) -> int:
-    from rope_kernels.devices import REPO_ROOT
-    from rope_kernels.reports import build_index
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.reports import build_index
 
     print(build_index(REPO_ROOT))
     return 0
 
 
 def _refresh(args) -> int:
-    from rope_kernels.notebooks import refresh_notebooks
+    from rope_kernels.study.notebooks import refresh_notebooks
 
     for path in refresh_notebooks(args.only):
         print(f"refreshed {path}")

@@ -14,11 +14,11 @@ from typing import Callable
 
 import torch
 
-from rope_kernels._checks import check_freqs_cis, check_qk
-from rope_kernels.fused import fused_qk_rope
-from rope_kernels.peers import compiled_rope, liger_available, liger_rope
-from rope_kernels.reference import cos_sin_views, native_rope
-from rope_kernels.vllm_merged import vllm_merged_rope
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.fused import fused_qk_rope
+from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
+from rope_kernels.kernels.reference import cos_sin_views, native_rope
+from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 

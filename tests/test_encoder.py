@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from rope_kernels.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
+from rope_kernels.bench.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
                                         outputs_agree, paired_stats, rope_minimal_ms, rope_profile,
                                         time_bucket)
-from rope_kernels.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
+from rope_kernels.bench.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
                               pick_attention)
 
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, rope_reference
-from rope_kernels.correctness import check_variant, make_inputs
-from rope_kernels.fused import _fused_qk_rope_kernel
-from rope_kernels.microbench import Shape, make_arg_sets
+from rope_kernels.bench.correctness import check_variant, make_inputs
+from rope_kernels.kernels.fused import _fused_qk_rope_kernel
+from rope_kernels.bench.microbench import Shape, make_arg_sets
 
 pytestmark = pytest.mark.gpu
 
@@ -80,7 +80,7 @@ def test_cuda_graph_capture(inplace):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_profiler_launch_counts(name, dtype):
-    from rope_kernels.profiling import profile_call
+    from rope_kernels.bench.profiling import profile_call
 
     xq, xk, f = make_arg_sets(Shape(1024, 16, 72), dtype, "cuda", 1)[0]
     kernels = profile_call(VARIANTS[name], (xq, xk, f))
@@ -88,7 +88,7 @@ def test_profiler_launch_counts(name, dtype):
 
 
 def test_compiled_does_not_fall_back_past_the_recompile_limit():
-    from rope_kernels.profiling import profile_call
+    from rope_kernels.bench.profiling import profile_call
 
     for tokens in range(100, 100 + 12):  # more shapes than dynamo's default limit of 8
         xq, xk, f = make_arg_sets(Shape(tokens, 4, 72), torch.bfloat16, "cuda", 1)[0]

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rope_kernels.reports import build_index, notebook_to_html, strip_remote_resources
+from rope_kernels.study.reports import build_index, notebook_to_html, strip_remote_resources
 
 ROOT = Path(__file__).resolve().parent.parent
 NETWORK = ("http://", "https://", "//")

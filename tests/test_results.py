@@ -6,8 +6,8 @@ import os
 import pandas as pd
 import pytest
 
-from rope_kernels import results
-from rope_kernels.results import MICROBENCH_KEY, upsert_csv, write_atomic
+from rope_kernels.study import results
+from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv, write_atomic
 
 
 def row(variant="fused", tokens=256, median=1.0, device="NVIDIA H200", **kw):

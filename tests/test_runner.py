@@ -7,9 +7,10 @@ import pytest
 import torch
 import yaml
 
-from rope_kernels import devices, fused_launch_config
+from rope_kernels import fused_launch_config
+from rope_kernels.study import devices
 from rope_kernels.__main__ import main
-from rope_kernels.runner import (NOTEBOOKS, ParameterError, load_profile, notebook_parameters,
+from rope_kernels.study.runner import (NOTEBOOKS, ParameterError, load_profile, notebook_parameters,
                                  parse_override, resolve_device, resolve_parameters,
                                  select_notebooks)
 
@@ -131,7 +132,7 @@ def test_device_slug():
 def test_rocm_path_has_no_cuda_only_calls():
     """The library's device code goes through torch.cuda (HIP-backed on ROCm) and
     Triton; nothing calls NVIDIA-only APIs (pynvml, cupy, nvcc, cuDNN flags) on it."""
-    src = "\n".join(p.read_text() for p in (ROOT / "rope_kernels").glob("*.py"))
+    src = "\n".join(p.read_text() for p in (ROOT / "rope_kernels").rglob("*.py"))
     for needle in ("pynvml", "cupy", "nvidia-smi", "torch.backends.cudnn", "nvcc"):
         assert needle not in src, needle
 
@@ -145,7 +146,7 @@ def test_python_m_entry_point():
 
 
 def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
-    from rope_kernels.wheelhouse import TOOLCHAIN, pip_download_command, platform_tags
+    from rope_kernels.study.wheelhouse import TOOLCHAIN, pip_download_command, platform_tags
 
     tags = platform_tags("manylinux_2_28_x86_64")
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags

@@ -11,7 +11,7 @@ from rope_kernels import (
     vision_freqs_cis,
     vllm_merged_rope,
 )
-from rope_kernels.fused import FusedConfig
+from rope_kernels.kernels.fused import FusedConfig
 
 
 def qk(t=4, h=2, d=8, dtype=torch.bfloat16, device="cpu"):
@@ -130,7 +130,7 @@ def test_bad_out_and_config(device):
 
 
 def test_cpu_tensors_without_interpreter_get_a_clear_error(monkeypatch):
-    import rope_kernels._checks as checks
+    import rope_kernels.kernels.checks as checks
 
     monkeypatch.setattr(checks, "triton_interpreter_enabled", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):

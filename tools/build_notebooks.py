@@ -32,8 +32,8 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 import pandas as pd
 import torch
 from pathlib import Path
-from rope_kernels.devices import provenance
-from rope_kernels.notebooks import resolve_device
+from rope_kernels.study.devices import provenance
+from rope_kernels.study.notebooks import resolve_device
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 40)
 kind, dev = resolve_device(device)
@@ -79,10 +79,10 @@ dtype (plus a tiny floor), the rule flash-attention's tests use.
 '''),
     code(SETUP + '''
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, rope_cos_sin
-from rope_kernels.correctness import check_variant
-from rope_kernels.microbench import parse_dtype
-from rope_kernels.notebooks import show_source
-from rope_kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config
+from rope_kernels.bench.correctness import check_variant
+from rope_kernels.bench.microbench import parse_dtype
+from rope_kernels.study.notebooks import show_source
+from rope_kernels.kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config
 '''),
     code(PROVENANCE),
     md('''
@@ -135,7 +135,7 @@ summary
     code('''
 assert correctness.passed.all(), correctness[~correctness.passed]
 if data_dir:
-    from rope_kernels.results import upsert_csv
+    from rope_kernels.study.results import upsert_csv
     out = correctness.assign(**provenance(kind))
     upsert_csv(Path(data_dir) / "correctness.csv", out,
                ["variant", "dtype", "tokens", "heads", "head_dim", "device_name"])
@@ -160,8 +160,8 @@ pd.DataFrame([mine.as_dict()])[["variant", "max_abs_err", "tolerance", "passed"]
 '''),
     code('''
 # NBVAL_IGNORE_OUTPUT
-from rope_kernels.microbench import Shape, make_arg_sets
-from rope_kernels.timing import time_fn
+from rope_kernels.bench.microbench import Shape, make_arg_sets
+from rope_kernels.bench.timing import time_fn
 sets = make_arg_sets(Shape(tokens, heads, head_dim), torch.bfloat16, dev, 2)
 modes = ["eager"] + (["cudagraph"] if dev.type == "cuda" else [])
 timed = []
@@ -217,9 +217,9 @@ On a CPU the timer is the wall clock and the numbers are not GPU predictions.
     code(SETUP + '''
 import matplotlib.pyplot as plt
 from rope_kernels import VARIANTS
-from rope_kernels.microbench import run_microbench
-from rope_kernels.summary import pr_comparison
-from rope_kernels.timing import copy_bandwidth_gbps
+from rope_kernels.bench.microbench import run_microbench
+from rope_kernels.study.summary import pr_comparison
+from rope_kernels.bench.timing import copy_bandwidth_gbps
 names = variants or list(VARIANTS)
 '''),
     code(PROVENANCE),
@@ -233,7 +233,7 @@ print(f"device-to-device copy ceiling: {copy_gbps:.0f} GB/s (bytes read + writte
 bench = run_microbench(names, families, dtypes, modes, device=dev, copy_gbps=copy_gbps,
                        samples=samples, progress=progress)
 if data_dir:
-    from rope_kernels.results import MICROBENCH_KEY, upsert_csv
+    from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "microbench.csv", bench, MICROBENCH_KEY)
 bench[["variant", "tokens", "heads", "head_dim", "dtype", "mode", "median_us", "pct_of_copy",
        "speedup_vs_native", "launches", "peak_mem_mb"]].round(2)
@@ -348,8 +348,8 @@ heads per program, warps); `is_default` marks the heuristic's pick.
     code('''
 # NBVAL_IGNORE_OUTPUT
 if config_sweep and dev.type == "cuda":
-    from rope_kernels.fused import fused_launch_config
-    from rope_kernels.microbench import Shape, fused_config_grid, sweep_fused_configs, parse_dtype
+    from rope_kernels.kernels.fused import fused_launch_config
+    from rope_kernels.bench.microbench import Shape, fused_config_grid, sweep_fused_configs, parse_dtype
     dt = parse_dtype(dtypes[0])
     es = torch.empty((), dtype=dt).element_size()
 
@@ -362,7 +362,7 @@ if config_sweep and dev.type == "cuda":
                                 copy_gbps=copy_gbps, samples=samples, progress=progress)
     sweep = sweep.assign(**provenance(kind))
     if data_dir:
-        from rope_kernels.results import upsert_csv
+        from rope_kernels.study.results import upsert_csv
         upsert_csv(Path(data_dir) / "fused_configs.csv", sweep,
                    ["tokens", "heads", "head_dim", "dtype", "mode", "block_t", "block_h", "num_warps", "device_name"])
     best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
@@ -407,12 +407,12 @@ fused kernel.
 **Method.** On a GPU: torch.profiler around one call (after warm-up) on q/k views of a packed
 qkv buffer, counting device operations (kernels, copies); a Chrome trace per variant is saved
 gzipped. On a CPU there are no device kernels: the count comes from the operator dispatcher
-plus Triton launches (`rope_kernels.launches`), labelled as such.
+plus Triton launches (`rope_kernels.bench.launches`), labelled as such.
 '''),
     code(SETUP + '''
 from rope_kernels import VARIANTS
-from rope_kernels.launches import count_launches
-from rope_kernels.microbench import Shape, make_arg_sets, parse_dtype
+from rope_kernels.bench.launches import count_launches
+from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 names = variants or list(VARIANTS)
 dt = parse_dtype(dtype)
 xq, xk, freqs = make_arg_sets(Shape(tokens, heads, head_dim), dt, dev, 1)[0]
@@ -424,7 +424,7 @@ rows, kernel_tables = [], {}
 for name in names:
     v = VARIANTS[name]
     if dev.type == "cuda":
-        from rope_kernels.profiling import kernel_summary, profile_call
+        from rope_kernels.bench.profiling import kernel_summary, profile_call
         trace = Path(report_dir) / "traces" / f"{name}.json.gz" if report_dir else None
         kernels = profile_call(v, (xq, xk, freqs), trace_path=trace)
         measured, source = len(kernels), "torch.profiler (device ops)"
@@ -444,7 +444,7 @@ launches
 checked = launches.dropna(subset=["launches_per_call"])
 assert (checked.launches_per_call == checked.recorded).all(), checked
 if data_dir:
-    from rope_kernels.results import upsert_csv
+    from rope_kernels.study.results import upsert_csv
     out = launches.assign(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, layers=layers,
                           **provenance(kind))
     upsert_csv(Path(data_dir) / "launches.csv", out, ["variant", "tokens", "heads", "head_dim", "dtype", "device_name"])
@@ -514,11 +514,11 @@ pairing cancels drift that moves a whole round, which separate medians keep.
 '''),
     code(SETUP + '''
 import matplotlib.pyplot as plt
-from rope_kernels.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
+from rope_kernels.bench.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
                                         paired_stats, rope_minimal_ms, rope_profile)
-from rope_kernels.microbench import parse_dtype
-from rope_kernels.timing import copy_bandwidth_gbps, summarize
-from rope_kernels.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+from rope_kernels.bench.microbench import parse_dtype
+from rope_kernels.bench.timing import copy_bandwidth_gbps, summarize
+from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
 if layers:
     cfg = cfg.with_layers(layers)
@@ -577,7 +577,7 @@ ttft = pd.DataFrame(rows).assign(**provenance(kind))
 if prefill_tokens_per_s > 0:
     ttft["modeled_ttft_ms"] = ttft.median_ms + ttft.llm_tokens / prefill_tokens_per_s * 1e3
 if data_dir:
-    from rope_kernels.results import TTFT_KEY, upsert_csv
+    from rope_kernels.study.results import TTFT_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "ttft.csv", ttft, TTFT_KEY)
 ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").round(2)
 '''),
@@ -707,7 +707,7 @@ so results from several GPUs and nodes form one comparison (the same table heads
     code('''
 import pandas as pd
 from pathlib import Path
-from rope_kernels.summary import all_devices, load_device_tables
+from rope_kernels.study.summary import all_devices, load_device_tables
 pd.set_option("display.width", 200)
 summary = all_devices(Path(data_root))
 summary.T if len(summary) else "no device data yet"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rope_kernels.devices import provenance
-from rope_kernels.fused import FusedConfig, fused_launch_config
-from rope_kernels.microbench import (Shape, fused_config_grid, run_microbench,
+from rope_kernels.study.devices import provenance
+from rope_kernels.kernels.fused import FusedConfig, fused_launch_config
+from rope_kernels.bench.microbench import (Shape, fused_config_grid, run_microbench,
                                      sweep_fused_configs)
-from rope_kernels.timing import copy_bandwidth_gbps, time_fn
+from rope_kernels.bench.timing import copy_bandwidth_gbps, time_fn
 
 out = Path(os.environ.get("OUT", "probe-out"))
 out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ if "bench" in part:
 
 if "encoder" in part:
     t0 = time.time()
-    from rope_kernels.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+    from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
     cfg = EncoderConfig.kimi_k25()
     model = MoonViTEncoder(cfg, device="cuda")
     grids = [(1, 74, 74)] * 4

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rope_kernels._checks import check_freqs_cis, check_qk, check_triton_device
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_triton_device
 
 TOKENS_PER_PROGRAM = 4
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from rope_kernels.results import write_atomic
-from rope_kernels.summary import all_devices
+from rope_kernels.study.results import write_atomic
+from rope_kernels.study.summary import all_devices
 
 _NETWORK = re.compile(r"(https?:)?//[\w.-]+\.[a-z]{2,}/", re.IGNORECASE)
 _SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>", re.IGNORECASE | re.DOTALL)

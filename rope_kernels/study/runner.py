@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from rope_kernels.devices import REPO_ROOT, device_kind, device_name, device_slug
+from rope_kernels.study.devices import REPO_ROOT, device_kind, device_name, device_slug
 
 NOTEBOOKS = ("01_kernels", "02_microbench", "03_profile", "04_ttft", "05_summary")
 # Set by the runner for every notebook that declares them; not user parameters.
@@ -199,13 +199,13 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
         executed = execute_notebook(root / "notebooks" / f"{nb}.ipynb",
                                     report_dir / f"{nb}.ipynb", nb_params,
                                     cwd=root / "notebooks", kernel_name=kernel_name)
-        from rope_kernels.reports import notebook_to_html
+        from rope_kernels.study.reports import notebook_to_html
 
         written.append(notebook_to_html(executed, report_dir / f"{nb}.html",
                                         hide_inputs=not keep_inputs))
         log(f"[{i}/{len(notebooks)}] {nb} done in {time.monotonic() - start:.0f} s "
             f"-> {written[-1].relative_to(root)}")
-    from rope_kernels.reports import build_index
+    from rope_kernels.study.reports import build_index
 
     index = build_index(root)
     log(f"index: {index.relative_to(root)}")

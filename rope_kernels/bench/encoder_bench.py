@@ -15,10 +15,10 @@ from math import nan
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rope_kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
-from rope_kernels.microbench import minimal_bytes
-from rope_kernels.timing import Timing, median_p20_p80, summarize
-from rope_kernels.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
+from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
+from rope_kernels.bench.microbench import minimal_bytes
+from rope_kernels.bench.timing import Timing, median_p20_p80, summarize
+from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rope_kernels._checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 
 
 def native_rope(

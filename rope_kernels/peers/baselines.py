@@ -6,8 +6,8 @@ import importlib.util
 
 import torch
 
-from rope_kernels._checks import check_freqs_cis, check_qk
-from rope_kernels.reference import cos_sin_views, rope_cos_sin
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.reference import cos_sin_views, rope_cos_sin
 
 # Static shapes mean one graph per (shape, strides, dtype). Dynamo's default
 # recompile limit (8) would then silently fall back to eager after 8 shapes and

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from rope_kernels.freqs import grid_tokens, vision_freqs_cis
-from rope_kernels.fused import fused_qk_rope
-from rope_kernels.reference import cos_sin_views, native_rope
-from rope_kernels.vllm_merged import vllm_merged_rope
+from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
+from rope_kernels.kernels.fused import fused_qk_rope
+from rope_kernels.kernels.reference import cos_sin_views, native_rope
+from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope
 
 ROPE_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged", "none")
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")

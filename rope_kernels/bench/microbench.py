@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from rope_kernels.devices import provenance
-from rope_kernels.timing import peak_memory_mb, rotation_count, time_fn
+from rope_kernels.study.devices import provenance
+from rope_kernels.bench.timing import peak_memory_mb, rotation_count, time_fn
 from rope_kernels.variants import Variant, get_variant
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -182,7 +182,7 @@ def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
     """Candidate launch settings for the block-size study of one (heads, head_dim):
     heads per program a power of two dividing ``heads`` (the largest three), tokens
     per program so that a tile of q holds ``tile_bytes[0]``..``tile_bytes[1]`` bytes."""
-    from rope_kernels.fused import FusedConfig, head_dim_chunks
+    from rope_kernels.kernels.fused import FusedConfig, head_dim_chunks
 
     main, rest = head_dim_chunks(head_dim)
     block_hs = [h for h in (16, 8, 4, 2, 1) if heads % h == 0][:3]
@@ -201,8 +201,8 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     """Time the fused kernel under each launch config: the evidence behind
     ``fused_launch_config``'s heuristic. ``configs`` is a list, or a function
     ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``)."""
-    from rope_kernels.fused import fused_launch_config, fused_qk_rope
-    from rope_kernels.reference import cos_sin_views
+    from rope_kernels.kernels.fused import fused_launch_config, fused_qk_rope
+    from rope_kernels.kernels.reference import cos_sin_views
 
     device = torch.device(device)
     work = [(s, c) for s in shapes for c in (configs(s) if callable(configs) else configs)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
-PR_TABLE = Path(__file__).resolve().parent.parent / "data" / "reference" / "pr50400_table.csv"
+PR_TABLE = Path(__file__).resolve().parents[2] / "data" / "reference" / "pr50400_table.csv"
 
 
 def load_device_tables(data_root: Path, name: str) -> pd.DataFrame:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from rope_kernels.reference import native_rope, rope_reference
+from rope_kernels.kernels.reference import native_rope, rope_reference
 
 FP32_REL_TOL = 1e-5
 LOWP_RATIO = 2.0

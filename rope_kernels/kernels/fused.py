@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rope_kernels._checks import (
+from rope_kernels.kernels.checks import (
     check_cos_sin,
     check_qk,
     check_triton_device,

@@ -6,7 +6,7 @@ import inspect
 import os
 from pathlib import Path
 
-from rope_kernels.devices import REPO_ROOT, device_kind, torch_device
+from rope_kernels.study.devices import REPO_ROOT, device_kind, torch_device
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
@@ -35,7 +35,7 @@ def refresh_notebooks(only=None) -> list[Path]:
     import nbformat
     from nbclient import NotebookClient
 
-    from rope_kernels.runner import kernel_sees_repo
+    from rope_kernels.study.runner import kernel_sees_repo
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("refresh notebooks with TRITON_INTERPRET=1 (make notebooks does)")
@@ -47,7 +47,7 @@ def refresh_notebooks(only=None) -> list[Path]:
         nb = nbformat.read(str(path), as_version=4)
         NotebookClient(nb, timeout=1800, kernel_name="python3",
                        resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()
-        from rope_kernels.results import write_atomic
+        from rope_kernels.study.results import write_atomic
 
         write_atomic(path, nbformat.writes(nb) + "\n")
     return paths

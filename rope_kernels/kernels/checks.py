@@ -8,6 +8,7 @@ reaches a Triton kernel, where it would crash or silently compute garbage.
 from __future__ import annotations
 
 import torch
+import triton
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -100,8 +101,14 @@ def check_triton_device(x: torch.Tensor, what: str) -> None:
         )
 
 
-def triton_interpreter_enabled() -> bool:
-    """True when Triton kernels were built for its CPU interpreter (TRITON_INTERPRET=1)."""
-    from rope_kernels import fused
+@triton.jit
+def _probe_kernel():
+    pass
 
-    return type(fused._fused_qk_rope_kernel).__name__ == "InterpretedFunction"
+
+def triton_interpreter_enabled() -> bool:
+    """True when Triton kernels are built for its CPU interpreter (TRITON_INTERPRET=1).
+
+    Asks Triton itself, through a kernel defined here, so this module needs no
+    import of the kernels it guards (no import circle)."""
+    return type(_probe_kernel).__name__ == "InterpretedFunction"
