@@ -29,25 +29,63 @@ def show_source(obj) -> None:
     display(Markdown(f"```python\n{inspect.getsource(fn).rstrip()}\n```"))
 
 
+def notebook_paths(only=None) -> list[Path]:
+    """The numbered notebooks (``NN_name.ipynb``); with ``only``, those whose name
+    starts with one of its entries."""
+    paths = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        paths = [p for p in paths if any(p.stem.startswith(Path(o).stem) for o in only)]
+    return paths
+
+
+def code_cells(path: Path) -> list[str]:
+    """The code cells' sources of a notebook or its percent-format ``.py`` (via jupytext)."""
+    import jupytext
+
+    return [c.source.strip() for c in jupytext.read(str(path)).cells if c.cell_type == "code"]
+
+
+def unsynced_pairs(paths=None) -> list[str]:
+    """Notebooks whose ``.py`` source and ``.ipynb`` differ in their code cells."""
+    problems = []
+    for ipynb in paths or notebook_paths():
+        script = ipynb.with_suffix(".py")
+        if not script.exists():
+            problems.append(f"{ipynb.name}: no paired {script.name}")
+        elif code_cells(script) != code_cells(ipynb):
+            problems.append(f"{ipynb.name} and {script.name} differ: run jupytext --sync")
+    return problems
+
+
+def sync_notebooks(paths) -> None:
+    """``jupytext --sync``: the newer side of each pair updates the other (outputs kept)."""
+    from jupytext.cli import jupytext as jupytext_cli
+
+    jupytext_cli(["--sync", "--quiet", *(str(p) for p in paths)])
+
+
 def refresh_notebooks(only=None) -> list[Path]:
-    """Execute notebooks in place with their default parameters (what nbval
-    re-runs) so the stored outputs are those of a deterministic CPU run."""
+    """Sync each ``.ipynb`` with its ``.py`` source, then execute it in place with its
+    default parameters (what nbval re-runs) so the stored outputs are those of a
+    deterministic CPU run."""
     import nbformat
     from nbclient import NotebookClient
 
+    from rope_kernels.study.results import write_atomic
     from rope_kernels.study.runner import kernel_sees_repo
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("refresh notebooks with TRITON_INTERPRET=1 (make notebooks does)")
     kernel_sees_repo()
-    paths = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
-    if only:
-        paths = [p for p in paths if any(p.stem.startswith(Path(o).stem) for o in only)]
+    paths = notebook_paths(only)
+    sync_notebooks(paths)
     for path in paths:
         nb = nbformat.read(str(path), as_version=4)
-        NotebookClient(nb, timeout=1800, kernel_name="python3",
+        for cell in nb.cells:  # no timestamps: a refresh diffs only where outputs changed
+            cell.metadata.pop("execution", None)
+        # "python3" is this process's own interpreter (jupyter_client maps it to
+        # sys.executable), whichever kernels are registered.
+        NotebookClient(nb, timeout=1800, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()
-        from rope_kernels.study.results import write_atomic
-
         write_atomic(path, nbformat.writes(nb) + "\n")
     return paths

@@ -230,9 +230,13 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".ipynb", dir=dest.parent)
     os.close(fd)
     try:
+        # The notebooks name the "rope-study" kernel (registered by the Makefile, for
+        # JupyterLab); batch runs use "python3", which jupyter_client maps to this
+        # interpreter, so an offline node without that registration runs them too.
         papermill.execute_notebook(str(src), tmp, parameters=parameters, cwd=str(cwd),
-                                   kernel_name=kernel_name, progress_bar=sys.stderr.isatty(),
-                                   log_output=True, report_mode=False)
+                                   kernel_name=kernel_name or "python3",
+                                   progress_bar=sys.stderr.isatty(), log_output=True,
+                                   report_mode=False)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:

@@ -1,0 +1,255 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python (rope-study)
+#     language: python
+#     name: rope-study
+# ---
+
+# %% tags=["parameters"]
+# Parameters (papermill). Defaults: the small CPU configuration nbval re-runs.
+device = "auto"
+encoder = "small"  # small (CPU-sized) | kimi_k25 (27 layers, 1152 wide, 16 x 72)
+layers = 0  # 0: the encoder's own depth
+dtype = "bfloat16"
+resolutions = ["56x56", "112x84"]
+image_counts = [1, 2]
+variants = ["native", "fused", "fused_inplace", "vllm_merged", "none"]
+modes = ["eager"]  # eager | cudagraph
+samples = 2
+attention = "auto"  # auto | sdpa_cudnn_batched | sdpa_batched | varlen_attn | sdpa_per_image
+max_tokens = 400000  # skip buckets with more vision tokens than this (memory)
+prefill_tokens_per_s = 0.0  # > 0: add a modeled TTFT = encoder + LLM prefill (a model, labelled)
+seed = 0
+progress = True
+data_dir = ""  # where to upsert ttft.csv; empty: do not save
+
+# %% [markdown]
+# # 4. The vision encoder: latency versus image count
+#
+# **Question.** Users feel a kernel as time-to-first-token of a multimodal request. How much
+# does the RoPE choice change the Kimi-K2.5 vision encoder's latency as images per request
+# grow, and how close does each variant get to the floor (the same encoder with RoPE skipped)?
+#
+# **Method.** A MoonViT-shaped encoder with the real dimensions (27 layers, hidden 1152, 16 heads
+# x 72, MLP 4304 with tanh GELU, LayerNorms, qkv/out projections with bias, 2x2 patch merge and
+# projector to 7168), seeded random bf16 weights. Images are turned into patch grids by Kimi's
+# resize rule, the 2D RoPE table is built once per forward and shared by all layers, attention
+# is block-diagonal per image with the best kernel available here (named in every row). Only
+# the RoPE step differs between variants. All variants of a bucket are timed round-robin
+# (drift hits them alike), eager and as one CUDA graph of the whole encoder per bucket. Besides
+# each variant's median, every round is compared within itself (`paired_saving_pct`: native's
+# time minus the variant's over native's, that round; `paired_rope_cost_ms`: the variant minus
+# the floor, that round), and those per-round numbers are summarised (median, p20, p80): the
+# pairing cancels drift that moves a whole round, which separate medians keep.
+
+# %%
+import warnings
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", category=FutureWarning)
+import pandas as pd
+import torch
+from pathlib import Path
+from rope_kernels.study.devices import provenance
+from rope_kernels.study.notebooks import resolve_device
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 40)
+kind, dev = resolve_device(device)
+
+import matplotlib.pyplot as plt
+from rope_kernels.bench.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
+                                        paired_stats, rope_minimal_ms, rope_profile)
+from rope_kernels.bench.microbench import parse_dtype
+from rope_kernels.bench.timing import copy_bandwidth_gbps, summarize
+from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
+if layers:
+    cfg = cfg.with_layers(layers)
+model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.Series(provenance(kind)).to_frame("this run")
+
+# %% [markdown]
+# Patch grids and token counts per bucket (vision tokens before the merge; the LLM sees a quarter):
+
+# %%
+buckets = [make_bucket(r, n) for r in resolutions for n in image_counts]
+skipped = [b for b in buckets if b.vit_tokens > max_tokens]
+buckets = [b for b in buckets if b.vit_tokens <= max_tokens]
+pd.DataFrame([{"resolution": b.resolution, "images": b.images, "grid (t,h,w)": b.grids[0],
+               "vit_tokens": b.vit_tokens, "llm_tokens": b.llm_tokens} for b in buckets])
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+copy_gbps = copy_bandwidth_gbps(dev)
+print(f"copy ceiling {copy_gbps:.0f} GB/s; skipped (over max_tokens): {[(b.resolution, b.images) for b in skipped]}")
+
+# %% [markdown]
+# Native and fused encoders must agree (same kernels elsewhere; RoPE differs only in rounding order):
+
+# %%
+check_bucket = buckets[0]
+inp = encoder_inputs(check_bucket.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+att = pick_attention(check_bucket.grids, dev) if attention == "auto" else attention
+agree = outputs_agree(model, inp, att)
+bf16_step = agree["scale"] * 2 ** -7  # one bf16 ulp at the output's largest magnitude
+agree_table = pd.DataFrame([{"variant": v, "max_abs_diff_vs_native": d, "within_2_bf16_ulps": d <= 2 * bf16_step}
+                            for v, d in agree.items() if v != "scale"])
+assert agree_table.within_2_bf16_ulps.all(), agree_table
+agree_table[["variant", "within_2_bf16_ulps"]]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from tqdm import tqdm
+rows = []
+work = [(b, m) for b in buckets for m in modes]
+for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
+    inp = encoder_inputs(b.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+    att = pick_attention(b.grids, dev) if attention == "auto" else attention
+    if mode == modes[0]:  # properties of the kernels, not of the launch mode
+        profiled = {v: rope_profile(model, inp, v, att) for v in variants}  # (rope ms, all ms)
+        peaks = {v: forward_peak_mb(model, inp, v, att) for v in variants}
+    timer, times = bucket_samples(model, inp, variants, mode, att, samples=samples)
+    for v, ts in times.items():
+        t = summarize(ts, timer, 1)
+        rows.append({"variant": v, "resolution": b.resolution, "images": b.images,
+                     "vit_tokens": b.vit_tokens, "llm_tokens": b.llm_tokens, "mode": mode,
+                     "attention_kernel": att, "timer": t.timer, "median_ms": t.median_us / 1e3,
+                     "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
+                     "rope_share": profiled[v][0] / profiled[v][1], "rope_device_ms": profiled[v][0],
+                     "copy_gbps": copy_gbps, "peak_mem_mb": peaks[v],
+                     "layers": cfg.layers, "encoder": encoder,
+                     **{f"paired_{k}": x for k, x in paired_stats(times, v).items()}})
+    del inp
+ttft = pd.DataFrame(rows).assign(**provenance(kind))
+if prefill_tokens_per_s > 0:
+    ttft["modeled_ttft_ms"] = ttft.median_ms + ttft.llm_tokens / prefill_tokens_per_s * 1e3
+if data_dir:
+    from rope_kernels.study.results import TTFT_KEY, upsert_csv
+    upsert_csv(Path(data_dir) / "ttft.csv", ttft, TTFT_KEY)
+ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").round(2)
+
+# %% [markdown]
+# ## Encoder latency versus image count (the floor, RoPE skipped, dashed)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+res = sorted(set(ttft.resolution), key=resolutions.index)
+fig, axes = plt.subplots(len(modes), len(res), figsize=(4.2 * len(res), 3.2 * len(modes)), squeeze=False)
+for i, mode in enumerate(modes):
+    for j, r in enumerate(res):
+        ax = axes[i][j]
+        sub = ttft[(ttft["mode"] == mode) & (ttft.resolution == r)]
+        for v, g in sub.groupby("variant", sort=False):
+            ax.plot(g.images, g.median_ms, marker="o", ls="--" if v == "none" else "-",
+                    color="k" if v == "none" else None, label="none (floor)" if v == "none" else v)
+        ax.set_xscale("log", base=2); ax.set_yscale("log")
+        ax.set_title(f"{r}, {mode}"); ax.set_xlabel("images per request"); ax.set_ylabel("encoder ms")
+axes[0][-1].legend(fontsize=8)
+fig.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## What the RoPE choice saves over native, and what it costs over the floor
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+wide = ttft.pivot_table(index=["resolution", "images", "vit_tokens", "mode"], columns="variant",
+                        values="median_ms").reset_index()
+for v in variants:
+    if v in ("native",) or v not in wide:
+        continue
+    wide[f"{v}_saving_ms"] = wide["native"] - wide[v]
+    wide[f"{v}_saving_pct"] = 100 * (wide["native"] - wide[v]) / wide["native"]
+    if "none" in wide and v != "none":
+        wide[f"{v}_rope_cost_ms"] = wide[v] - wide["none"]
+wide["rope_minimal_ms"] = [rope_minimal_ms(t, cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
+                           for t in wide.vit_tokens]
+if "fused_rope_cost_ms" in wide:
+    wide["fused_cost_over_minimal"] = wide["fused_rope_cost_ms"] / wide["rope_minimal_ms"]
+cols = [c for c in wide.columns if c.endswith(("saving_ms", "saving_pct")) or c in
+        ("resolution", "images", "mode", "fused_rope_cost_ms", "rope_minimal_ms", "fused_cost_over_minimal")]
+wide[cols].round(2)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sav = [c for c in wide.columns if c.endswith("saving_pct") and not c.startswith("none")]
+fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.2), squeeze=False)
+for ax, mode in zip(axes[0], modes):
+    sub = wide[wide["mode"] == mode]
+    for r in res:
+        s = sub[sub.resolution == r]
+        for c in sav:
+            ax.plot(s.images, s[c], marker="o", label=f"{c.removesuffix('_saving_pct')} {r}")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2); ax.set_xlabel("images per request"); ax.set_ylabel("saving over native (%)")
+    ax.set_title(mode)
+axes[0][-1].legend(fontsize=7)
+fig.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## RoPE's share of encoder time (profiler: its kernels' device time over all device time)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images"], columns="variant",
+                                          values="rope_share").mul(100).round(2)
+
+# %% [markdown]
+# RoPE's device time in one forward, measured in place, against the physical minimum of its bytes:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+in_place = ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images", "vit_tokens"],
+                                                      columns="variant", values="rope_device_ms").reset_index()
+in_place["rope_minimal_ms"] = [rope_minimal_ms(t, cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
+                               for t in in_place.vit_tokens]
+for v in variants:
+    if v in in_place and v != "none":
+        in_place[f"{v}_over_minimal"] = in_place[v] / in_place["rope_minimal_ms"]
+in_place.round(3)
+
+# %% [markdown]
+# ## Targets (GPU profile)
+#
+# At 16 images of 1024x1024, in both modes: the fused encoder's RoPE cost (fused minus none) at
+# most 1.2x the physical minimum (27 layers x RoPE's minimal bytes / copy bandwidth), and the
+# fused encoder at least 7% faster than native.
+#
+# RoPE's cost is about 1.5% of this encoder's time while one forward varies by about 1% from
+# round to round, so "fused minus none" resolves it only to a few ms; the in-place device time
+# from the profiler (printed below the tables) measures the same cost directly.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t16 = wide[(wide.resolution == "1024x1024") & (wide.images == 16)]
+if len(t16) and "fused_rope_cost_ms" in t16:
+    display(t16[["mode", "native", "fused", "none", "fused_rope_cost_ms", "rope_minimal_ms",
+                 "fused_cost_over_minimal", "fused_saving_pct"]].assign(
+        cost_met=t16.fused_cost_over_minimal <= 1.2, saving_met=t16.fused_saving_pct >= 7).round(3))
+    p16 = ttft[(ttft.resolution == "1024x1024") & (ttft.images == 16) & (ttft.variant == "fused")]
+    minimal = rope_minimal_ms(int(p16.vit_tokens.iloc[0]), cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
+    print("per-round (paired) estimates, median [p20, p80]:")
+    display(p16[["mode", "paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
+                 "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80"]].assign(
+        rope_minimal_ms=minimal, cost_over_minimal=p16.paired_rope_cost_ms / minimal,
+        cost_met=p16.paired_rope_cost_ms / minimal <= 1.2, saving_met=p16.paired_saving_pct >= 7).round(3))
+    in_place = p16.rope_device_ms.iloc[0]
+    print(f"RoPE measured in place (profiler, fused kernels' device time in one forward): "
+          f"{in_place:.3f} ms = {in_place / minimal:.3f}x the {minimal:.3f} ms minimum")
+else:
+    print("targets are defined for 16 images of 1024x1024 (the GPU profile)")
+
+# %% [markdown]
+# **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the
+# outputs are not. Attention uses PyTorch's kernels (no flash_attn package on the H200 here).
+# A modeled TTFT (encoder + LLM prefill at `prefill_tokens_per_s`) is only added when that
+# parameter is set, and is a model, not a measurement.
