@@ -8,7 +8,11 @@ and platform, so that there
     pip install --no-index --find-links DIR papermill nbclient ipykernel nbconvert nbval
 
 works offline. Packages that depend on torch (liger-kernel) are fetched without
-dependencies so that no torch wheel is pulled in.
+dependencies so that no torch wheel is pulled in. The engines' peers are not
+installed there at all: ``python -m rope_kernels wheelhouse`` also fills the
+peer-file cache (``rope_kernels.peers.cache``: a few KB from the pinned vLLM and
+SGLang wheels, git-ignored in ``.peers/``): copy that folder to the node with the
+repository.
 """
 
 from __future__ import annotations

@@ -1,0 +1,265 @@
+"""The engines' source files at pinned versions: found installed, or fetched once.
+
+A peer is the engine's own code. Where the engine is installed (a vLLM or SGLang
+node) its file is read from the installed package. Elsewhere (CPU CI, a GPU node
+that cannot take a 300 MB wheel) ``python -m rope_kernels peers fetch`` downloads
+the pinned wheel once, checks its sha256, and keeps only the few files the peers
+run, with a manifest, in a git-ignored cache (``.peers/`` in the repository, or
+``$ROPE_PEERS_DIR``). Loading from the cache re-checks every file against the
+manifest and against the sha256 pinned here, so a changed or missing file is an
+error naming it. Third-party files are executed under a private module name and
+never committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One engine release: the wheel pip fetches and the files the peers run from it."""
+
+    package: str  # the distribution name pip knows
+    version: str
+    wheel: str  # exact wheel filename
+    wheel_sha256: str
+    python: str  # --python-version that selects this wheel (only .py files are used)
+    platform: str
+    files: dict[str, str]  # path inside the wheel -> sha256
+
+    @property
+    def key(self) -> str:
+        return f"{self.package}-{self.version}"
+
+
+PINS: dict[str, PinnedWheel] = {
+    "vllm": PinnedWheel(
+        "vllm", "0.33.0", "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+        "3.12", "manylinux_2_28_x86_64",
+        {
+            "vllm/model_executor/layers/rotary_embedding/packed_qk_rope.py":
+                "f712a22da06f28cc088d6f231b2107fe4a6dd9d8f93c2b1d3c48f7c85f5f38cc",
+            "vllm/vllm_flash_attn/ops/triton/rotary.py":
+                "f1f4bf9a0b28cc544fa882b60628d74b8923e8b47e1f8438a7af43fa7b5061e4",
+        },
+    ),
+    "sglang": PinnedWheel(
+        "sglang", "0.5.23", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl",
+        "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
+        "3.11", "manylinux_2_34_x86_64",
+        {
+            "sglang/kernels/ops/attention/vision_rope.py":
+                "2062f059bf47e4f9ef89e89fa46560b4bdf87fd87732be23858db9fffc63d484",
+        },
+    ),
+}
+
+MANIFEST = "manifest.json"
+
+
+class PeerCacheError(RuntimeError):
+    """A peer's cached source is missing, incomplete or not the pinned file."""
+
+
+def peers_dir() -> Path:
+    """The cache folder: ``$ROPE_PEERS_DIR`` or ``.peers/`` in the repository."""
+    return Path(os.environ.get("ROPE_PEERS_DIR") or REPO_ROOT / ".peers")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# -- where a file comes from ---------------------------------------------------
+@dataclass(frozen=True)
+class SourceFile:
+    """One third-party file a peer runs, with where it was found and its hash."""
+
+    package: str
+    version: str
+    path: str  # path inside the package's wheel
+    location: Path
+    sha256: str
+    origin: str  # "installed" or "cache"
+
+
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _installed_file(pin: PinnedWheel, path: str) -> SourceFile | None:
+    version = installed_version(pin.package)
+    if version is None or importlib.util.find_spec(pin.package.replace("-", "_")) is None:
+        return None
+    location = Path(importlib.metadata.distribution(pin.package).locate_file(path))
+    if not location.is_file():
+        return None
+    return SourceFile(pin.package, version, path, location, sha256_file(location), "installed")
+
+
+def _cached_file(pin: PinnedWheel, path: str, root: Path | None = None) -> SourceFile:
+    root = Path(root) if root is not None else peers_dir()
+    folder = root / pin.key
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
+                             f"fetch` to cache {pin.package}=={pin.version}'s peer files")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = {e["path"]: e["sha256"] for e in manifest["files"]}
+        package, version = manifest["package"], manifest["version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PeerCacheError(f"unreadable manifest {manifest_path}: {exc}") from exc
+    if (package, version) != (pin.package, pin.version):
+        raise PeerCacheError(f"{manifest_path} is for {package}=={version}, "
+                             f"pinned {pin.package}=={pin.version}")
+    if path not in entries:
+        raise PeerCacheError(f"{path} is not listed in {manifest_path}")
+    location = folder / path
+    if not location.is_file():
+        raise PeerCacheError(f"cached peer file missing: {location}")
+    digest = sha256_file(location)
+    if digest != entries[path] or digest != pin.files[path]:
+        raise PeerCacheError(f"cached peer file {location} has sha256 {digest}; the manifest "
+                             f"says {entries[path]}, pinned {pin.files[path]}: re-run "
+                             "`python -m rope_kernels peers fetch`")
+    return SourceFile(pin.package, pin.version, path, location, digest, "cache")
+
+
+def find_source(package: str, path: str, *, root: Path | None = None) -> SourceFile:
+    """The installed package's file when the package is importable, else the cached one."""
+    pin = PINS[package]
+    if path not in pin.files:
+        raise ValueError(f"{path} is not a pinned file of {package}")
+    found = _installed_file(pin, path) if root is None else None
+    return found if found is not None else _cached_file(pin, path, root)
+
+
+# -- running a file under a private name ---------------------------------------------
+@contextmanager
+def _temporary_modules(modules: dict[str, types.ModuleType]):
+    """Put ``modules`` into sys.modules while a file imports them, then restore."""
+    saved = {name: sys.modules.get(name) for name in modules}
+    sys.modules.update(modules)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = old
+
+
+def load_module(source: SourceFile, *,
+                shims: dict[str, types.ModuleType] | None = None) -> types.ModuleType:
+    """Execute ``source`` as a private module (``rope_kernels._peer.<pkg>_<ver>.<file>``).
+
+    ``shims`` stand in for the engine's own modules the file imports; they exist in
+    sys.modules only while the file runs, so they never shadow a real install.
+    """
+    stem = Path(source.path).with_suffix("").as_posix().replace("/", ".")
+    name = f"rope_kernels._peer.{source.package}_{source.version.replace('.', '_')}.{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, source.location)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # Triton reads kernel sources through the module
+    try:
+        with _temporary_modules(shims or {}):
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+# -- fetching -------------------------------------------------------------------
+def cache_valid(pin: PinnedWheel, root: Path | None = None) -> bool:
+    try:
+        for path in pin.files:
+            _cached_file(pin, path, root)
+    except PeerCacheError:
+        return False
+    return True
+
+
+def pip_download_command(pin: PinnedWheel, dest: Path) -> list[str]:
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--dest", str(dest), "--python-version", pin.python, "--implementation", "cp",
+            "--platform", pin.platform, f"{pin.package}=={pin.version}"]
+
+
+def _obtain_wheel(pin: PinnedWheel, wheels: Path | None, tmp: Path) -> Path:
+    if wheels is not None and (Path(wheels) / pin.wheel).is_file():
+        return Path(wheels) / pin.wheel
+    subprocess.run(pip_download_command(pin, tmp), check=True)
+    wheel = tmp / pin.wheel
+    if not wheel.is_file():
+        got = ", ".join(p.name for p in tmp.glob("*.whl")) or "nothing"
+        raise PeerCacheError(f"pip downloaded {got}, expected {pin.wheel}")
+    return wheel
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None = None,
+              force: bool = False) -> str:
+    """Cache ``pin``'s files; returns what was done. Idempotent: a valid cache is kept."""
+    root = Path(root) if root is not None else peers_dir()
+    if not force and cache_valid(pin, root):
+        return f"{pin.key}: cache valid"
+    folder = root / pin.key
+    with tempfile.TemporaryDirectory(prefix="rope-peer-wheel-") as tmp:
+        wheel = _obtain_wheel(pin, wheels, Path(tmp))
+        digest = sha256_file(wheel)
+        if digest != pin.wheel_sha256:
+            raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {pin.wheel_sha256}")
+        (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
+        entries = []
+        with zipfile.ZipFile(wheel) as zf:
+            for path, pinned in pin.files.items():
+                data = zf.read(path)
+                got = hashlib.sha256(data).hexdigest()
+                if got != pinned:
+                    raise PeerCacheError(f"{path} in {pin.wheel} has sha256 {got}, pinned {pinned}")
+                _write_atomic(folder / path, data)
+                entries.append({"path": path, "sha256": got})
+    manifest = {"package": pin.package, "version": pin.version, "wheel": pin.wheel,
+                "wheel_sha256": pin.wheel_sha256, "files": entries}
+    _write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return f"{pin.key}: cached {len(entries)} file(s) from {pin.wheel}"
+
+
+def fetch_all(*, root: Path | None = None, wheels: Path | None = None,
+              force: bool = False) -> list[str]:
+    """Cache every pinned engine's peer files (``python -m rope_kernels peers fetch``)."""
+    return [fetch_pin(pin, root=root, wheels=wheels, force=force) for pin in PINS.values()]

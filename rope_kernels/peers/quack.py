@@ -1,0 +1,67 @@
+"""QuACK's rotary (``quack.rotary.apply_rotary_emb_qkv_``, CuTe DSL), in place on packed qkv.
+
+Used only where ``quack-kernels`` (and its ``nvidia-cutlass-dsl``) is installed and
+runs on this device; otherwise absent, with the reason in ``peer_status``.
+Interleaved pairs, q and k of a (batch, T, 3, H, D) qkv in one call. QuACK wants
+cos/sin with a unit last stride, so the strided views of freqs_cis are copied
+first (2 of the 3 launches).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, triton_interpreter_enabled
+from rope_kernels.kernels.reference import cos_sin_views
+from rope_kernels.peers.cache import installed_version, sha256_file
+from rope_kernels.peers.vllm import packed_qkv_of
+
+PACKAGE = "quack-kernels"
+PINNED_VERSION = "0.6.5"
+
+
+def quack_packed(qkv, freqs_cis, cos, sin):
+    """Rotate the packed (T, 3, H, D) qkv in place; returns its q, k, v."""
+    from quack.rotary import apply_rotary_emb_qkv_
+
+    apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos.contiguous(), sin.contiguous(), interleaved=True)
+    return qkv.unbind(1)
+
+
+def quack_rope(xq: torch.Tensor, xk: torch.Tensor,
+               freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuACK on the packed qkv that xq/xk slice; returns xq, xk rotated in place."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    quack_packed(packed_qkv_of(xq, xk, "quack"), freqs_cis, *cos_sin_views(freqs_cis))
+    return xq, xk
+
+
+@functools.cache
+def availability() -> tuple[bool, str]:
+    """(runs here, why not): installed, a CUDA device, and a tiny call that matches float64."""
+    if importlib.util.find_spec("quack") is None:
+        return False, f"{PACKAGE} not installed (pinned {PINNED_VERSION}; CUDA only, CuTe DSL)"
+    if not torch.cuda.is_available() or triton_interpreter_enabled():
+        return False, f"{PACKAGE} installed but needs a CUDA device"
+    try:
+        from rope_kernels.bench.correctness import check_variant
+
+        res = check_variant(quack_rope, tokens=8, heads=2, head_dim=72, device="cuda",
+                            inplace=True, name="quack")
+    except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
+        return False, f"{PACKAGE} failed on this device: {type(exc).__name__}: {exc}"
+    if not res.passed:
+        return False, f"{PACKAGE} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
+    return True, ""
+
+
+def source() -> tuple[str, str]:
+    """(version, sha256 of quack/rotary.py) of the installed package."""
+    import quack.rotary
+
+    return installed_version(PACKAGE) or "", sha256_file(Path(quack.rotary.__file__))

@@ -1,0 +1,136 @@
+"""vLLM 0.33.0's own RoPE code for the Kimi-K2.5 vision tower, run from vLLM's files.
+
+- ``packed_qk_rope_`` (``rotary_embedding/packed_qk_rope.py``): what vLLM 0.33.0's
+  ``kimi_k25_vit.py`` runs: one in-place Triton launch on the contiguous packed
+  (T, 3, H, D) qkv.
+- The path PR #50400 merged (and 0.33.0 keeps as the no-Triton fallback):
+  ``freqs_cis.real/.imag`` copied into contiguous fp32 cos/sin, then for q and for k
+  ``ApplyRotaryEmb(is_neox_style=False, enable_fp32_compute=True)``, whose CUDA path
+  upcasts x to fp32, calls the flash-attention Triton ``apply_rotary`` vLLM bundles
+  (``vllm_flash_attn/ops/triton/rotary.py``, interleaved, out of place) and casts
+  back. The kernel is vLLM's file; the few lines of glue around it follow vLLM's
+  ``ApplyRotaryEmb._pre_process`` / ``forward_cuda`` / ``_post_process`` (we cannot
+  import ``common.py`` without the whole of vLLM), calling ``apply_rotary`` directly
+  instead of through the autograd wrapper in ``vllm_flash_attn/layers/rotary.py``,
+  which passes the same arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+
+import torch
+
+from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
+                                         triton_interpreter_enabled)
+from rope_kernels.peers.cache import SourceFile, find_source, installed_version, load_module
+
+PACKED_QK_FILE = "vllm/model_executor/layers/rotary_embedding/packed_qk_rope.py"
+ROTARY_FILE = "vllm/vllm_flash_attn/ops/triton/rotary.py"
+
+
+def _triton_utils_shim() -> dict[str, types.ModuleType]:
+    """``from vllm.triton_utils import tl, triton`` is all packed_qk_rope.py needs from vLLM."""
+    if installed_version("vllm") is not None:
+        return {}  # the real vllm.triton_utils is importable
+    import triton
+    import triton.language as tl
+
+    vllm = types.ModuleType("vllm")
+    utils = types.ModuleType("vllm.triton_utils")
+    utils.triton, utils.tl = triton, tl
+    vllm.triton_utils = utils
+    vllm.__path__ = []  # a package, so the submodule import resolves
+    return {"vllm": vllm, "vllm.triton_utils": utils}
+
+
+@functools.cache
+def packed_qk_source() -> tuple[SourceFile, types.ModuleType]:
+    src = find_source("vllm", PACKED_QK_FILE)
+    return src, load_module(src, shims=_triton_utils_shim())
+
+
+class _TorchOnCpu(types.ModuleType):
+    """``torch`` for rotary.py under the CPU interpreter: its launcher enters
+    ``torch.cuda.device(x.device.index)``, which a CPU tensor's index (None) breaks."""
+
+    def __init__(self):
+        super().__init__("torch")
+        self.cuda = types.SimpleNamespace(device=lambda index: contextlib.nullcontext())
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@functools.cache
+def rotary_source() -> tuple[SourceFile, types.ModuleType]:
+    src = find_source("vllm", ROTARY_FILE)
+    module = load_module(src)
+    if src.origin == "cache" and triton_interpreter_enabled():
+        module.torch = _TorchOnCpu()  # only our private copy; the kernel is untouched
+    return src, module
+
+
+def packed_qkv_of(xq: torch.Tensor, xk: torch.Tensor, who: str = "vllm_packed_qk") -> torch.Tensor:
+    """The contiguous (T, 3, H, D) buffer that xq and xk are the q and k slices of.
+
+    Packed-qkv kernels (vLLM's, QuACK's) rotates the packed buffer itself; q and k given any other way
+    (separate tensors, another layout) cannot be handed to it.
+    """
+    tokens, heads, head_dim = xq.shape
+    row = 3 * heads * head_dim
+    packed = (xq.stride() == (row, head_dim, 1) and xk.stride() == xq.stride()
+              and xq.untyped_storage().data_ptr() == xk.untyped_storage().data_ptr()
+              and xk.storage_offset() == xq.storage_offset() + heads * head_dim
+              and xq.untyped_storage().nbytes()
+              >= (xq.storage_offset() + tokens * row) * xq.element_size())
+    if not packed:
+        raise ValueError(f"{who} rotates a packed qkv in place: xq and xk must be the "
+                         "q and k slices (qkv.unbind(1)) of one contiguous (T, 3, H, D) tensor")
+    return xq.as_strided((tokens, 3, heads, head_dim), (row, heads * head_dim, head_dim, 1))
+
+
+def _check_freqs_contiguous(freqs_cis: torch.Tensor) -> None:
+    if not freqs_cis.is_contiguous():
+        raise ValueError("vllm_packed_qk needs a contiguous freqs_cis (vLLM asserts it)")
+
+
+def vllm_packed_qk_rope(xq: torch.Tensor, xk: torch.Tensor,
+                        freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM 0.33.0 ``packed_qk_rope_`` on the qkv that xq/xk slice; returns xq, xk rotated."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    _check_freqs_contiguous(freqs_cis)
+    qkv = packed_qkv_of(xq, xk)
+    check_triton_device(xq, "vllm_packed_qk")
+    packed_qk_source()[1].packed_qk_rope_(qkv, freqs_cis)
+    return xq, xk
+
+
+def vllm_packed_qk_packed(qkv, freqs_cis, cos, sin):
+    """As ``kimi_k25_vit.py`` calls it: rotate the packed qkv in place, then unbind."""
+    packed_qk_source()[1].packed_qk_rope_(qkv, freqs_cis)
+    return qkv.unbind(1)
+
+
+def _apply_rotary_emb_fp32(apply_rotary, x: torch.Tensor, cos: torch.Tensor,
+                           sin: torch.Tensor) -> torch.Tensor:
+    """``ApplyRotaryEmb(is_neox_style=False, enable_fp32_compute=True).forward_cuda(x, cos, sin)``."""
+    dtype = x.dtype
+    out = apply_rotary(x.unsqueeze(0).float(), cos.float(), sin.float(), interleaved=True)
+    return out.squeeze(0).to(dtype)
+
+
+def vllm_merged_rope(xq: torch.Tensor, xk: torch.Tensor,
+                     freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged PR #50400 path with vLLM's bundled flash-attention rotary kernel."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    check_triton_device(xq, "vllm_merged")
+    apply_rotary = rotary_source()[1].apply_rotary
+    cos = freqs_cis.real.contiguous()
+    sin = freqs_cis.imag.contiguous()
+    return (_apply_rotary_emb_fp32(apply_rotary, xq, cos, sin),
+            _apply_rotary_emb_fp32(apply_rotary, xk, cos, sin))
