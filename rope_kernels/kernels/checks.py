@@ -81,15 +81,99 @@ def check_freqs_cis(freqs_cis: torch.Tensor, xq: torch.Tensor) -> None:
 
 
 def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor) -> None:
-    """In-place rotation needs every element to live at its own address."""
+    """In-place rotation needs every element of q and k at its own address:
+    no broadcast or self-overlapping views, and no element shared by q and k."""
     for name, x in (("xq", xq), ("xk", xk)):
         for size, stride in zip(x.shape, x.stride()):
             if size > 1 and stride == 0:
                 raise ValueError(
                     f"{name} is a broadcast (stride-0) view; it cannot be rotated in place"
                 )
+        if _nested_dims(x) is None:
+            raise ValueError(
+                f"{name}'s strides {tuple(x.stride())} may map two elements to one address; "
+                "it cannot be written in place"
+            )
     if xq.numel() > 0 and xq.data_ptr() == xk.data_ptr():
         raise ValueError("xq and xk are the same memory; they cannot both be rotated in place")
+    if may_overlap(xq, xk):
+        raise ValueError("xq and xk share memory (overlapping views); they cannot both be "
+                         "rotated in place")
+
+
+def check_outputs_do_not_overlap(xq: torch.Tensor, xk: torch.Tensor,
+                                 q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+    """``out=`` tensors: each may be its own input exactly (that is rotating in
+    place), but no output may share memory with the other output or the other
+    input, nor partly with its own input (programs would read what others wrote)."""
+    check_writable_in_place(q_out, k_out)
+    pairs = (("q_out", q_out, "xq", xq, True), ("q_out", q_out, "xk", xk, False),
+             ("k_out", k_out, "xq", xq, False), ("k_out", k_out, "xk", xk, True))
+    for out_name, out, in_name, x, own_input in pairs:
+        if own_input and _same_view(out, x):
+            continue
+        if may_overlap(out, x):
+            raise ValueError(f"{out_name} shares memory with {in_name}; give outputs that do "
+                             f"not overlap the inputs (or {in_name} itself, or inplace=True)")
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def _nested_dims(x: torch.Tensor) -> list[tuple[int, int]] | None:
+    """(size, stride) of the dims with more than one element, largest stride first, when
+    each stride exceeds the span of every smaller-strided dim (then no two elements share
+    an address, and an offset has at most two candidate indices per dim); else None."""
+    dims = sorted(((n, s) for n, s in zip(x.shape, x.stride()) if n > 1), key=lambda d: d[1])
+    span = 0
+    for n, s in dims:
+        if s <= span:
+            return None
+        span += (n - 1) * s
+    return dims[::-1]
+
+
+def _reachable(delta: int, dims: list[tuple[int, int]]) -> bool:
+    """Is ``delta == sum(i_k * stride_k)`` for some |i_k| < size_k? Exact for nested dims:
+    the rest spans less than this stride, so i_k is floor or ceil of delta / stride_k."""
+    if not dims:
+        return delta == 0
+    (n, s), rest = dims[0], dims[1:]
+    rest_span = sum((m - 1) * t for m, t in rest)
+    for i in {delta // s, -(-delta // s)}:
+        if abs(i) <= n - 1 and abs(delta - i * s) <= rest_span and _reachable(delta - i * s, rest):
+            return True
+    return False
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether any element of ``a`` shares a byte with an element of ``b``.
+
+    Exact when both views have the same shape, strides and element size with nested
+    strides (e.g. q and k unbound from one packed (T, 3, H, D) qkv: they interleave
+    within one storage range without sharing an element); otherwise conservative:
+    intersecting byte ranges count as overlap."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    spans = []
+    for x in (a, b):
+        start = x.data_ptr()
+        end = start + (sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1) * x.element_size()
+        spans.append((start, end))
+    (a0, a1), (b0, b1) = spans
+    if a1 <= b0 or b1 <= a0:
+        return False
+    dims = _nested_dims(a)
+    if (dims is None or a.shape != b.shape or a.stride() != b.stride()
+            or a.element_size() != b.element_size()):
+        return True
+    size = a.element_size()
+    delta_bytes = b0 - a0
+    # Elements of size `size` share a byte when their offsets differ by less than one
+    # element: the index difference is floor or ceil of delta / size.
+    return any(_reachable(d, dims) for d in {delta_bytes // size, -(-delta_bytes // size)}
+               if abs(delta_bytes - d * size) < size)
 
 
 def check_triton_device(x: torch.Tensor, what: str) -> None:

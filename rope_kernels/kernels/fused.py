@@ -30,6 +30,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (
     check_cos_sin,
+    check_outputs_do_not_overlap,
     check_qk,
     check_triton_device,
     check_writable_in_place,
@@ -60,6 +61,7 @@ def _fused_qk_rope_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     VEC: tl.constexpr,
+    INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
 ):
     N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
     pid = tl.program_id(0)
@@ -83,6 +85,8 @@ def _fused_qk_rope_kernel(
     k = tl.load(k_row + d, mask=mask, other=0.0)
     cos = tl.load(cos_row + j * cos_stride_d, mask=token_ok[:, None], other=0.0)
     sin = tl.load(sin_row + j * sin_stride_d, mask=token_ok[:, None], other=0.0)
+    if INVERSE:
+        sin = -sin
     if REST > 0:
         d2 = MAIN + tl.arange(0, REST)[None, None, :]
         j2 = MAIN // 2 + tl.arange(0, REST // 2)[None, :]
@@ -92,6 +96,8 @@ def _fused_qk_rope_kernel(
         k2 = tl.load(k_row + d2, mask=mask2, other=0.0)
         cos2 = tl.load(cos_row + j2 * cos_stride_d, mask=pair_mask2, other=0.0)
         sin2 = tl.load(sin_row + j2 * sin_stride_d, mask=pair_mask2, other=0.0)
+        if INVERSE:
+            sin2 = -sin2
 
     out_ty = q_out_ptr.dtype.element_ty
     tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask)
@@ -189,10 +195,16 @@ def fused_qk_rope(
             (e.g. views of a packed (T, 3, H, D) qkv).
         cos, sin: fp32 (T, D/2), contiguous or strided (e.g. the real and
             imaginary views of a complex64 ``freqs_cis``).
-        inplace: write into ``xq``/``xk`` and return them.
+        inplace: write into ``xq``/``xk`` and return them (q and k must not
+            share memory).
         out: optional preallocated (q_out, k_out) of shape (T, H, D) and the
-            input dtype; otherwise new contiguous tensors are returned.
+            input dtype, sharing no memory with each other or the other input;
+            otherwise new contiguous tensors are returned.
         config: launch settings; ``fused_launch_config`` by default.
+
+    Out of place, the result is differentiable in q and k: the backward pass is
+    the inverse rotation (by -angle), again one launch for dq and dk. In place and
+    ``out=`` do not record autograd and refuse inputs that require grad.
     """
     check_qk(xq, xk)
     check_cos_sin(cos, sin, xq)
@@ -200,23 +212,72 @@ def fused_qk_rope(
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     if inplace and out is not None:
         raise ValueError("give either inplace=True or out=..., not both")
+    if config is not None and not isinstance(config, FusedConfig):
+        raise TypeError(f"config must be a FusedConfig, got {type(config).__name__}")
+    needs_grad = torch.is_grad_enabled() and (xq.requires_grad or xk.requires_grad)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        raise ValueError("fused_qk_rope does not differentiate with respect to cos/sin; "
+                         "pass cos.detach(), sin.detach()")
     if inplace:
+        if needs_grad:
+            leaf = any(x.requires_grad and (x.is_leaf or x._base is not None and x._base.is_leaf)
+                       for x in (xq, xk))
+            raise ValueError("inplace=True on " + ("a leaf tensor (or a view of one) " if leaf
+                             else "a tensor ") + "that requires grad: autograd cannot record "
+                             "it; use inplace=False or torch.no_grad()")
         check_writable_in_place(xq, xk)
         q_out, k_out = xq, xk
     elif out is not None:
-        q_out, k_out = _check_out(out, xq)
+        if needs_grad:
+            raise ValueError("out=... does not support autograd (inputs require grad); "
+                             "leave out unset or use torch.no_grad()")
+        q_out, k_out = _check_out(out, xq, xk)
+    elif needs_grad:
+        return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
     else:
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
+    _launch(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+    return q_out, k_out
+
+
+class _FusedQKRopeFunction(torch.autograd.Function):
+    """Out-of-place rotation with a backward: a rotation is orthogonal, so the
+    gradient is the same rotation by -angle (same kernel, one launch)."""
+
+    @staticmethod
+    def forward(ctx, xq, xk, cos, sin, config):
+        ctx.save_for_backward(cos, sin)
+        ctx.config = config
+        q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
+        k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
+        _launch(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+        return q_out, k_out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dq, dk):
+        cos, sin = ctx.saved_tensors
+        grads = []
+        for g, like in ((dq, dk), (dk, dq)):
+            if g is None:  # only one output was used
+                g = torch.zeros_like(like)
+            grads.append(g if g.stride(-1) == 1 or g.shape[-1] == 1 else g.contiguous())
+        dq, dk = grads
+        gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
+        gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
+        _launch(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
+        return gq, gk, None, None, None
+
+
+def _launch(xq, xk, q_out, k_out, cos, sin, config: FusedConfig | None, *,
+            inverse: bool) -> None:
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
-        return q_out, k_out
+        return
     check_triton_device(xq, "fused_qk_rope")
     if config is None:
         config = fused_launch_config(heads, head_dim, xq.element_size())
-    elif not isinstance(config, FusedConfig):
-        raise TypeError(f"config must be a FusedConfig, got {type(config).__name__}")
-
     main, rest = head_dim_chunks(head_dim)
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     _fused_qk_rope_kernel[fused_grid(tokens, heads, config)](
@@ -233,12 +294,12 @@ def fused_qk_rope(
         BLOCK_T=config.block_t,
         BLOCK_H=config.block_h,
         VEC=vec,
+        INVERSE=inverse,
         num_warps=config.num_warps,
     )
-    return q_out, k_out
 
 
-def _check_out(out, xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_out(out, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError("out must be a (q_out, k_out) pair of tensors")
     for name, t in zip(("q_out", "k_out"), out):
@@ -251,5 +312,5 @@ def _check_out(out, xq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             )
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit-stride last dimension")
-    check_writable_in_place(*out)
+    check_outputs_do_not_overlap(xq, xk, out[0], out[1])
     return out[0], out[1]

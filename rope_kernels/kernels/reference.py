@@ -27,11 +27,20 @@ def native_rope(
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     freqs = freqs_cis.unsqueeze(-2)  # (T, 1, D/2): broadcast over heads
-    q_c = torch.view_as_complex(xq.float().view(*xq.shape[:-1], -1, 2))
-    k_c = torch.view_as_complex(xk.float().view(*xk.shape[:-1], -1, 2))
-    q_out = torch.view_as_real(q_c * freqs).flatten(-2)
-    k_out = torch.view_as_real(k_c * freqs).flatten(-2)
+    q_out = torch.view_as_real(_as_complex_pairs(xq) * freqs).flatten(-2)
+    k_out = torch.view_as_real(_as_complex_pairs(xk) * freqs).flatten(-2)
     return q_out.type_as(xq), k_out.type_as(xk)
+
+
+def _as_complex_pairs(x: torch.Tensor) -> torch.Tensor:
+    """x upcast to fp32 and viewed as complex pairs. A complex view needs an even
+    storage offset and even strides; an fp32 view that lacks them (e.g. at an odd
+    offset into a larger buffer) is copied first (Kimi's own tensors never are)."""
+    xf = x.float()
+    if xf.storage_offset() % 2 or any(s % 2 for n, s in zip(xf.shape[:-1], xf.stride()[:-1])
+                                      if n > 1):
+        xf = xf.clone(memory_format=torch.contiguous_format)
+    return torch.view_as_complex(xf.view(*xf.shape[:-1], -1, 2))
 
 
 def cos_sin_views(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
