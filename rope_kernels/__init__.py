@@ -3,9 +3,10 @@
 Public API:
     native_rope(xq, xk, freqs_cis)                  Kimi's pre-PR complex path
     fused_qk_rope(xq, xk, cos, sin, *, inplace)     one Triton launch for q and k
-    vllm_merged_rope(xq, xk, freqs_cis)             what vLLM PR #50400 merged
+    vllm_merged_recreated_rope(xq, xk, freqs_cis)   our re-creation of what PR #50400 merged
     vision_freqs_cis(grid_thw, head_dim, ...)       Kimi's 2D RoPE table
-    VARIANTS                                        name -> Variant (callable + launches)
+    VARIANTS, peer_status()                         name -> Variant (callable, packed call,
+                                                    launches, peer provenance); which peers ran
 """
 
 import os as _os
@@ -21,8 +22,8 @@ from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
 from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
 from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
-from rope_kernels.variants import VARIANTS, Variant, get_variant  # noqa: E402
-from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope  # noqa: E402
+from rope_kernels.variants import VARIANTS, Variant, get_variant, peer_status  # noqa: E402
+from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope  # noqa: E402
 
 if triton_interpreter_enabled():
     from rope_kernels.kernels.interpreter import patch_bf16_rounding
@@ -39,11 +40,12 @@ __all__ = [
     "fused_launch_config",
     "fused_qk_rope",
     "get_variant",
+    "peer_status",
     "grid_tokens",
     "image_patch_grid",
     "native_rope",
     "rope_cos_sin",
     "rope_reference",
     "vision_freqs_cis",
-    "vllm_merged_rope",
+    "vllm_merged_recreated_rope",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m rope_kernels {run,wheelhouse,refresh-notebooks,index}``."""
+"""Command line: ``python -m rope_kernels {run,wheelhouse,peers,refresh-notebooks,index}``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,33 @@ def _wheelhouse(args) -> int:
     print(f"{len(wheels)} wheels in {args.out}")
     print(f"on the offline node: pip install --no-index --find-links {args.out} "
           "papermill nbclient ipykernel nbconvert nbval")
+    if not args.no_peers:
+        from rope_kernels.peers.cache import fetch_all, peers_dir
+
+        for line in fetch_all():
+            print(line)
+        print(f"peer files in {peers_dir()} (a few KB, git-ignored): copy them to the node too")
+    return 0
+
+
+def _peers(args) -> int:
+    from rope_kernels.peers.cache import PeerCacheError, fetch_all, peers_dir
+
+    if args.action == "fetch":
+        try:
+            for line in fetch_all(wheels=args.wheels, force=args.force):
+                print(line)
+        except (PeerCacheError, OSError, RuntimeError) as exc:
+            print(f"rope-study: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"cache: {peers_dir()}")
+        return 0
+    from rope_kernels.variants import peer_status
+
+    for row in peer_status():
+        where = f"{row['package']} {row['version']} ({row['origin']})" if row["available"] else ""
+        print(f"{row['name']:<20} {'ran' if row['available'] else 'absent':<7} "
+              f"{where or row['reason']}")
     return 0
 
 
@@ -57,8 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--python", default="3.12", help="the node's Python version, e.g. 3.12")
     w.add_argument("--platform", default="manylinux_2_28_x86_64", help="the node's wheel platform")
     w.add_argument("--out", required=True, help="folder for the wheels")
-    w.add_argument("--no-peers", action="store_true", help="skip liger-kernel")
+    w.add_argument("--no-peers", action="store_true",
+                   help="skip liger-kernel and the engines' peer files")
     w.set_defaults(func=_wheelhouse)
+
+    pe = sub.add_parser("peers", help="cache the engines' pinned peer files, or list which peers run")
+    pe.add_argument("action", choices=["fetch", "status"],
+                    help="fetch: download the pinned vLLM/SGLang wheels once and keep only the "
+                         "files the peers run (.peers/ or $ROPE_PEERS_DIR); status: which peers "
+                         "run here and why the others do not")
+    pe.add_argument("--wheels", type=Path, help="a folder holding the pinned wheels (no download)")
+    pe.add_argument("--force", action="store_true", help="re-fetch even when the cache is valid")
+    pe.set_defaults(func=_peers)
 
     r = sub.add_parser("run", help="execute every notebook for this device; reports/ and data/")
     r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or rocm")

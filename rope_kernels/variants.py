@@ -1,31 +1,45 @@
-"""Every RoPE implementation the study compares, behind one signature.
+"""Every RoPE implementation the study compares, behind one registry.
 
 ``VARIANTS[name](xq, xk, freqs_cis) -> (q, k)``: all compute the same function
-(Kimi's interleaved rotation, fp32 math, outputs in the input dtype). Beside
-each, the kernel launches it makes per call, derived from its code and checked
-against the profiler on a GPU (tests/test_gpu.py, notebooks/03_profile).
-A peer whose package is not installed is absent, never a stub.
+(Kimi's interleaved rotation, outputs in the input dtype), and
+``VARIANTS[name].packed(qkv, freqs_cis, cos, sin) -> (q, k, v)`` is how the encoder
+calls it on a layer's packed (T, 3, H, D) qkv (in-place peers rotate the packed
+buffer and return its views). Beside each: the kernel launches one call makes
+(derived from its code, checked by ``count_launches`` on the CPU and the profiler on
+a GPU), the dtypes and layouts it supports, and for other people's code the package,
+version and sha256 of the file it runs (empty for this project's own variants).
+
+Peers run from their own packages: vLLM 0.33.0 and SGLang 0.5.23 files from the
+installed engine or the pinned cache (``python -m rope_kernels peers fetch``);
+FlashInfer and QuACK only where installed and working on this device; Liger and
+torch.compile from their packages. A peer that cannot run here is absent, never a
+stub; ``peer_status()`` says which ran and why the others did not.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib.metadata
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.fused import fused_qk_rope
-from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
-from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope
+from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
+from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
+from rope_kernels.peers.cache import sha256_file
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+PackedFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A named RoPE implementation and what one call of it launches."""
+    """A named RoPE implementation, how to call it, and what one call launches."""
 
     name: str
     fn: RopeFn
@@ -33,12 +47,43 @@ class Variant:
     launches_fp32: int  # ... on fp32 data (no casts needed)
     description: str
     inplace: bool = False  # True: rotates and returns the caller's xq/xk
+    packed_fn: PackedFn | None = None  # (qkv, freqs_cis, cos, sin) -> (q, k, v); None: unbind + fn
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    packed_only: bool = False  # needs q/k as the slices of one contiguous (T, 3, H, D) qkv
+    triton_kernels: tuple[str, ...] = ()  # names of the Triton kernels it launches
+    peer_package: str = ""
+    peer_version: str = ""
+    peer_sha256: str = ""  # of the source file it runs ("+"-joined for several)
 
     def __call__(self, xq, xk, freqs_cis):
         return self.fn(xq, xk, freqs_cis)
 
+    def packed(self, qkv: torch.Tensor, freqs_cis: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE on a layer's packed qkv, as an engine calls it; cos/sin are freqs_cis's views."""
+        if self.packed_fn is not None:
+            return self.packed_fn(qkv, freqs_cis, cos, sin)
+        q, k, v = qkv.unbind(1)
+        q, k = self.fn(q, k, freqs_cis)
+        return q, k, v
+
     def launch_count(self, dtype: torch.dtype) -> int:
         return self.launches_fp32 if dtype == torch.float32 else self.launches
+
+    def unsupported(self, dtype: torch.dtype, *, packed: bool = True) -> str:
+        """Why this variant cannot take these inputs ("" when it can)."""
+        if dtype not in self.dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"{self.name} supports {names} only"
+        if self.packed_only and not packed:
+            return f"{self.name} needs q/k as slices of a contiguous packed (T, 3, H, D) qkv"
+        return ""
+
+    @property
+    def peer_columns(self) -> dict[str, str]:
+        """The provenance columns every result row carries."""
+        return {"peer_package": self.peer_package, "peer_version": self.peer_version,
+                "peer_sha256": self.peer_sha256}
 
 
 def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
@@ -54,32 +99,163 @@ def fused_rope_inplace(xq, xk, freqs_cis):
     return fused_rope(xq, xk, freqs_cis, inplace=True)
 
 
-def _build() -> dict[str, Variant]:
+def _fused_packed(qkv, freqs_cis, cos, sin, *, inplace: bool = False):
+    q, k, v = qkv.unbind(1)
+    q, k = fused_qk_rope(q, k, cos, sin, inplace=inplace)
+    return q, k, v
+
+
+def _fused_inplace_packed(qkv, freqs_cis, cos, sin):
+    return _fused_packed(qkv, freqs_cis, cos, sin, inplace=True)
+
+
+# -- peers -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PeerStatus:
+    name: str
+    available: bool
+    reason: str  # why it is absent ("" when it ran)
+    package: str
+    version: str
+    sha256: str
+    origin: str  # installed, cache, or ""
+
+
+def _engine_peers(status: list[PeerStatus]) -> list[Variant]:
+    """vLLM and SGLang from their files (installed or cached), when those check out."""
+    from rope_kernels.peers import sglang, vllm
+
+    specs = [
+        (vllm.packed_qk_source, Variant(
+            "vllm_packed_qk", vllm.vllm_packed_qk_rope, 1, 1,
+            "vLLM 0.33.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
+            inplace=True, packed_fn=vllm.vllm_packed_qk_packed, packed_only=True,
+            triton_kernels=("_packed_qk_rope_kernel",))),
+        (vllm.rotary_source, Variant(
+            "vllm_merged", vllm.vllm_merged_rope, 8, 4,
+            "the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
+            "cos/sin copies, then upcast, rotary, cast back, per tensor",
+            triton_kernels=("rotary_kernel",))),
+        (sglang.vision_rope_source, Variant(
+            "sglang_vision", sglang.sglang_vision_rope, 1, 1,
+            "SGLang 0.5.23 apply_fused_qk_complex_rope: one Triton launch, a rotation pair "
+            "per lane, contiguous q/k out", dtypes=sglang.DTYPES,
+            triton_kernels=("_fused_qk_complex_rope_kernel",))),
+    ]
+    out = []
+    for load, variant in specs:
+        try:
+            src, _module = load()
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot load is absent, with why
+            status.append(PeerStatus(variant.name, False, f"{type(exc).__name__}: {exc}",
+                                     "", "", "", ""))
+            continue
+        status.append(PeerStatus(variant.name, True, "", src.package, src.version, src.sha256,
+                                 src.origin))
+        out.append(replace(variant, peer_package=src.package, peer_version=src.version,
+                           peer_sha256=src.sha256))
+    status.append(PeerStatus(
+        "sglang_k25_inplace", False,
+        "SGLang's Kimi-K2.5 tower calls apply_fused_qk_complex_rope_inplace, a CUDA kernel "
+        "SGLang JIT-compiles (sglang.kernels.ops.attention.rope): needs the whole sglang "
+        "package; not run", "sglang", "", "", ""))
+    return out
+
+
+def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
+    """FlashInfer and QuACK: only where installed and working on this device."""
+    from rope_kernels.peers import flashinfer, quack
+
+    out = []
+    for name, mod, variant_kwargs in (
+        ("flashinfer", flashinfer, dict(
+            fn=flashinfer.flashinfer_rope, launches=3, launches_fp32=3, inplace=True,
+            description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved): "
+                        "cos/sin cache and positions, then one launch for q and k")),
+        ("quack", quack, dict(
+            fn=quack.quack_rope, launches=3, launches_fp32=3, inplace=True, packed_only=True,
+            packed_fn=quack.quack_packed,
+            description="QuACK apply_rotary_emb_qkv_ (CuTe DSL, interleaved) in place on the "
+                        "packed qkv, after contiguous cos/sin copies")),
+    ):
+        ok, reason = mod.availability()
+        if not ok:
+            status.append(PeerStatus(name, False, reason, mod.PACKAGE, "", "", ""))
+            continue
+        version, sha = mod.source()
+        status.append(PeerStatus(name, True, "", mod.PACKAGE, version, sha, "installed"))
+        out.append(Variant(name, peer_package=mod.PACKAGE, peer_version=version,
+                           peer_sha256=sha, **variant_kwargs))
+    return out
+
+
+def _liger_columns() -> dict[str, str]:
+    import liger_kernel.ops.llama4_rope as llama4_rope
+
+    return {"peer_package": "liger-kernel",
+            "peer_version": importlib.metadata.version("liger-kernel"),
+            "peer_sha256": sha256_file(Path(llama4_rope.__file__))}
+
+
+def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
+    status: list[PeerStatus] = []
     variants = [
         Variant("native", native_rope, 6, 2,
                 "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor)"),
         Variant("fused", fused_rope, 1, 1,
-                "one Triton launch for q and k, cos/sin read from freqs_cis, out of place"),
+                "one Triton launch for q and k, cos/sin read from freqs_cis, out of place",
+                packed_fn=_fused_packed, triton_kernels=("_fused_qk_rope_kernel",)),
         Variant("fused_inplace", fused_rope_inplace, 1, 1,
-                "the fused kernel writing into xq/xk", inplace=True),
-        Variant("vllm_merged", vllm_merged_rope, 8, 4,
-                "re-creation of the merged PR: cos/sin copies, then upcast, "
-                "flash-attention-style rotary, cast back, per tensor"),
+                "the fused kernel writing into xq/xk", inplace=True,
+                packed_fn=_fused_inplace_packed, triton_kernels=("_fused_qk_rope_kernel",)),
+        *_engine_peers(status),
+        Variant("vllm_merged_recreated", vllm_merged_recreated_rope, 8, 4,
+                "this project's re-creation of the merged PR path (its own rotary kernel "
+                "in flash-attention's style; a CPU-test stand-in, not vLLM's code)",
+                triton_kernels=("_rotary_interleaved_kernel",)),
         Variant("compiled", compiled_rope, 1, 1,
-                "torch.compile (Inductor, static shapes) of the real cos/sin form"),
+                "torch.compile (Inductor, static shapes) of the real cos/sin form",
+                peer_package="torch", peer_version=torch.__version__),
     ]
     if liger_available():
         variants.append(Variant("liger", liger_rope, 3, 3,
-                                "Liger-Kernel llama4_rope, in place on copies of q and k"))
-    return {v.name: v for v in variants}
+                                "Liger-Kernel llama4_rope, in place on copies of q and k",
+                                **_liger_columns()))
+        status.append(PeerStatus("liger", True, "", "liger-kernel",
+                                 variants[-1].peer_version, variants[-1].peer_sha256, "installed"))
+    else:
+        status.append(PeerStatus("liger", False, "liger-kernel not installed",
+                                 "liger-kernel", "", "", ""))
+    status.append(PeerStatus("compiled", True, "", "torch", torch.__version__, "", "installed"))
+    variants += _optional_peers(status)
+    return {v.name: v for v in variants}, status
 
 
-VARIANTS: dict[str, Variant] = _build()
+VARIANTS, _PEER_STATUS = _build()
+# Every Triton kernel a registered variant launches (the profiler's RoPE attribution).
+ROPE_TRITON_KERNELS: tuple[str, ...] = tuple(sorted({k for v in VARIANTS.values()
+                                                      for k in v.triton_kernels}))
+
+
+def peer_columns(name: str) -> dict[str, str]:
+    """A result row's peer_package/peer_version/peer_sha256 for variant ``name``
+    (empty strings for this project's own variants and for "none")."""
+    if name in VARIANTS:
+        return VARIANTS[name].peer_columns
+    return {"peer_package": "", "peer_version": "", "peer_sha256": ""}
+
+
+def peer_status() -> list[dict]:
+    """One row per peer: name, available, reason, package, version, sha256, origin."""
+    return [s.__dict__.copy() for s in _PEER_STATUS]
 
 
 def get_variant(name: str) -> Variant:
     if not isinstance(name, str):
         raise TypeError(f"variant name must be a string, got {name!r}")
     if name not in VARIANTS:
+        absent = {s.name: s.reason for s in _PEER_STATUS if not s.available}
+        if name in absent:
+            raise ValueError(f"variant {name!r} is not available here: {absent[name]}")
         raise ValueError(f"unknown variant {name!r}; available: {', '.join(VARIANTS)}")
     return VARIANTS[name]

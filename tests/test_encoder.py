@@ -40,7 +40,7 @@ def test_variants_agree_and_none_differs(small, device):
     inp = encoder_inputs([(1, 4, 6), (1, 2, 2)], cfg, device=device, seed=3)
     att = pick_attention(inp.grids, device)
     agree = outputs_agree(model, inp, att)
-    for v in ("fused", "fused_inplace", "vllm_merged"):
+    for v in ("fused", "fused_inplace", "vllm_merged_recreated"):
         assert agree[v] <= 2 * agree["scale"] * 2**-7, agree
     ref = model(inp.patches, inp.grids, rope="native", attention=att)
     none = model(inp.patches, inp.grids, rope="none", attention=att)
@@ -62,8 +62,9 @@ def test_encoder_rejects_bad_input(small, device):
 def test_time_bucket(small, device):
     cfg, model = small
     inp = encoder_inputs([(1, 2, 2)], cfg, device=device)
-    t = time_bucket(model, inp, ROPE_VARIANTS, "eager", "sdpa_per_image", samples=1, warmup=0)
-    assert set(t) == set(ROPE_VARIANTS) and all(v.median_us > 0 for v in t.values())
+    modes = [v for v in ROPE_VARIANTS if v != "compiled"]  # Inductor's CPU build: slow, tested elsewhere
+    t = time_bucket(model, inp, modes, "eager", "sdpa_per_image", samples=1, warmup=0)
+    assert set(t) == set(modes) and all(v.median_us > 0 for v in t.values())
     if device == "cpu":
         with pytest.raises(ValueError, match="GPU"):
             time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")

@@ -9,7 +9,7 @@ from rope_kernels import (
     fused_qk_rope,
     native_rope,
     vision_freqs_cis,
-    vllm_merged_rope,
+    vllm_merged_recreated_rope,
 )
 from rope_kernels.kernels.fused import FusedConfig
 
@@ -28,8 +28,8 @@ def freqs(t=4, d=8, device="cpu"):
     return torch.polar(torch.ones_like(a), a)
 
 
-FREQS_FNS = {"native": native_rope, "vllm_merged": vllm_merged_rope,
-             **{n: v for n, v in VARIANTS.items() if n != "native"}}
+FREQS_FNS = {"native": native_rope, "vllm_merged_recreated": vllm_merged_recreated_rope,
+             **{n: v for n, v in VARIANTS.items() if n not in ("native", "vllm_merged_recreated")}}
 
 
 @pytest.mark.parametrize(

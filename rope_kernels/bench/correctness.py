@@ -67,7 +67,12 @@ class CheckResult:
     native_max_abs_err: float
     tolerance: float
     inputs_intact: bool  # v untouched (in place) / q, k, v untouched (out of place)
-    passed: bool
+    passed: bool  # False where unsupported: see supported / reason
+    supported: bool = True  # False: the implementation does not take these inputs (not run)
+    reason: str = ""  # why unsupported
+    peer_package: str = ""  # provenance of someone else's code (empty for ours)
+    peer_version: str = ""
+    peer_sha256: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -99,12 +104,24 @@ def check_variant(
 ) -> CheckResult:
     """Run ``fn(xq, xk, freqs_cis) -> (q, k)`` once and judge it against float64.
 
+    A registry ``Variant`` that does not take these inputs (dtype, layout) is not
+    run: the result says ``supported=False`` and why. Its peer columns are copied.
+
     ``inplace`` (default: ``fn.inplace`` if present) says the function writes
     into its inputs; it then gets the packed buffer's views and v must stay
     untouched. Out-of-place functions get inputs they must not modify.
     """
     if inplace is None:
         inplace = bool(getattr(fn, "inplace", False))
+    name = name or getattr(fn, "name", getattr(fn, "__name__", "custom"))
+    peer = dict(getattr(fn, "peer_columns", {}))
+    unsupported = fn.unsupported(dtype, packed=packed) if hasattr(fn, "unsupported") else ""
+    if unsupported:  # recorded, not hidden: a row that says why it was not run
+        return CheckResult(
+            variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
+            dtype=str(dtype).removeprefix("torch."), packed=packed, max_abs_err=math.nan,
+            rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
+            inputs_intact=True, passed=False, supported=False, reason=unsupported, **peer)
     inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
     ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
     native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
@@ -115,10 +132,10 @@ def check_variant(
     _poison_allocator(inp.xq)
     outs = fn(inp.xq, inp.xk, inp.freqs_cis)
     if not isinstance(outs, (tuple, list)) or len(outs) != 2:
-        raise TypeError(f"{name or fn} must return a (q, k) pair")
+        raise TypeError(f"{name} must return a (q, k) pair")
     outs = tuple(outs)
     if any(tuple(o.shape) != tuple(inp.xq.shape) or o.dtype != dtype for o in outs):
-        raise TypeError(f"{name or fn} returned tensors of the wrong shape or dtype")
+        raise TypeError(f"{name} returned tensors of the wrong shape or dtype")
 
     err = _max_abs(outs, ref)
     scale = max(r.abs().max().item() for r in ref)
@@ -129,11 +146,10 @@ def check_variant(
     untouched = all(torch.equal(a, b) for a, b in zip(watched, before))
     passed = bool(err <= tol) and untouched and all(bool(torch.isfinite(o).all()) for o in outs)
     return CheckResult(
-        variant=name or getattr(fn, "name", getattr(fn, "__name__", "custom")),
-        tokens=tokens, heads=heads, head_dim=head_dim,
+        variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
         dtype=str(dtype).removeprefix("torch."), packed=packed,
         max_abs_err=err, rel_err=_rel(outs, ref), native_max_abs_err=native_err,
-        tolerance=tol, inputs_intact=untouched, passed=passed,
+        tolerance=tol, inputs_intact=untouched, passed=passed, **peer,
     )
 
 

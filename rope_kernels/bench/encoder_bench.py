@@ -19,6 +19,7 @@ from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_reso
 from rope_kernels.bench.microbench import minimal_bytes
 from rope_kernels.bench.timing import Timing, median_p20_p80, summarize
 from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
+from rope_kernels.variants import ROPE_TRITON_KERNELS
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float
 # Kernels RoPE variants launch through Triton's own launcher. The profiler records
 # them as device events but (torch 2.11) does not attach them to the CPU call that
 # launched them, so they are recognised by name.
-TRITON_ROPE_KERNELS = ("_fused_qk_rope_kernel", "_rotary_interleaved_kernel")
+TRITON_ROPE_KERNELS = ROPE_TRITON_KERNELS  # every registered variant's, from the registry
 
 
 def _subtree(evt):
@@ -217,7 +218,7 @@ def forward_peak_mb(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attent
 
 
 def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
-                  variants: Sequence[str] = ("fused", "fused_inplace", "vllm_merged")) -> dict:
+                  variants: Sequence[str] = ("fused", "fused_inplace", "vllm_merged_recreated")) -> dict:
     """Max |variant - native| over the encoder output, against the native output's
     scale and the bf16 resolution at that scale."""
     ref = _forward(model, inp, "native", attention).float()

@@ -112,6 +112,7 @@ def bench_shape(
                 "copy_same_bytes_us": copy_us[mode],
                 "pct_of_copy_same_bytes": 100 * copy_us[mode] / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mem,
+                **variant.peer_columns,
             })
     del sets
     if device.type == "cuda":

@@ -19,11 +19,12 @@ from torch import nn
 from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
-from rope_kernels.kernels.fused import fused_qk_rope
-from rope_kernels.kernels.reference import cos_sin_views, native_rope
-from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_rope
+from rope_kernels.kernels.reference import cos_sin_views
+from rope_kernels.variants import VARIANTS, peer_status
 
-ROPE_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged", "none")
+# Every registered variant and peer (as the registry calls it on a packed qkv), plus
+# "none": RoPE skipped, the floor.
+ROPE_VARIANTS = (*VARIANTS, "none")
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 
 
@@ -120,18 +121,13 @@ class MoonViTEncoder(nn.Module):
             parts.append(cache[(h, w)].repeat(t, 1))
         return torch.cat(parts)
 
-    def _rope(self, rope: str, qkv: torch.Tensor, freqs_cis, cos, sin):
-        q, k, v = qkv.unbind(1)
+    @staticmethod
+    def _rope(rope: str, qkv: torch.Tensor, freqs_cis, cos, sin):
+        if rope == "none":
+            return qkv.unbind(1)
+        variant = VARIANTS[rope]
         with record_function("rope"):
-            if rope == "native":
-                q, k = native_rope(q, k, freqs_cis)
-            elif rope == "fused":
-                q, k = fused_qk_rope(q, k, cos, sin)
-            elif rope == "fused_inplace":
-                q, k = fused_qk_rope(q, k, cos, sin, inplace=True)
-            elif rope == "vllm_merged":
-                q, k = vllm_merged_rope(q, k, freqs_cis)
-        return q, k, v
+            return variant.packed(qkv, freqs_cis, cos, sin)
 
     def _attention(self, kind: str, q, k, v, grids, cu_seqlens, max_seqlen) -> torch.Tensor:
         tokens, heads, head_dim = q.shape
@@ -182,7 +178,10 @@ class MoonViTEncoder(nn.Module):
                 attention: str = "sdpa_per_image", cu_seqlens: torch.Tensor | None = None,
                 max_seqlen: int | None = None) -> torch.Tensor:
         if rope not in ROPE_VARIANTS:
-            raise ValueError(f"rope must be one of {ROPE_VARIANTS}, got {rope!r}")
+            absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
+            why = (f" ({rope} is not available here: {absent[rope]})"
+                   if isinstance(rope, str) and rope in absent else "")
+            raise ValueError(f"rope must be one of {ROPE_VARIANTS}, got {rope!r}{why}")
         if attention not in ATTENTION_KERNELS[1:]:
             raise ValueError(f"attention must be one of {ATTENTION_KERNELS[1:]}, got {attention!r}"
                              " (resolve 'auto' with pick_attention first)")

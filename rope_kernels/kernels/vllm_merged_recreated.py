@@ -1,4 +1,7 @@
-"""A re-creation of what vLLM PR #50400 actually merged.
+"""This project's re-creation of what vLLM PR #50400 merged (variant ``vllm_merged_recreated``).
+
+A CPU-test stand-in written for this study, never a peer: the real merged path, with
+vLLM's own rotary kernel, is ``rope_kernels.peers.vllm.vllm_merged_rope``.
 
 The merged Kimi-K2.5 vision tower does not call a fused q/k kernel. Per layer
 it copies ``freqs_cis.real`` and ``.imag`` into contiguous fp32 cos/sin, then
@@ -67,7 +70,7 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if tokens == 0 or heads == 0:
         return out
-    check_triton_device(x, "vllm_merged_rope")
+    check_triton_device(x, "vllm_merged_recreated")
     grid = (triton.cdiv(tokens, TOKENS_PER_PROGRAM), heads)
     _rotary_interleaved_kernel[grid](
         out, x, cos, sin,
@@ -81,7 +84,7 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return out
 
 
-def vllm_merged_rope(
+def vllm_merged_recreated_rope(
     xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The merged vLLM path: cos/sin copies, then upcast -> rotary -> downcast, per tensor."""

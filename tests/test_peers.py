@@ -1,0 +1,213 @@
+"""The engines' peers: loaded from their pinned files, checked like our own variants.
+
+On the CPU tier the Triton peers (vLLM's packed_qk_rope_ and merged-path rotary,
+SGLang's vision_rope) run under Triton's interpreter from the cache that
+``python -m rope_kernels peers fetch`` fills (.ci/run does, and sets
+ROPE_REQUIRE_PEERS=1 so a missing cache fails instead of skipping).
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from rope_kernels import VARIANTS, peer_status
+from rope_kernels.bench.correctness import check_variant, make_inputs
+from rope_kernels.bench.launches import count_launches
+from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+from rope_kernels.peers import cache
+
+ENGINE_PEERS = ("vllm_packed_qk", "vllm_merged", "sglang_vision")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _require_engine_peers():
+    missing = [n for n in ENGINE_PEERS if n not in VARIANTS]
+    if missing:
+        why = {r["name"]: r["reason"] for r in peer_status()}
+        msg = "; ".join(f"{n}: {why.get(n, '?')}" for n in missing)
+        if os.environ.get("ROPE_REQUIRE_PEERS") == "1":
+            pytest.fail(f"engine peers absent ({msg}); run `python -m rope_kernels peers fetch`")
+        pytest.skip(f"engine peers absent ({msg}); run `python -m rope_kernels peers fetch`")
+
+
+@pytest.fixture
+def engine_peers():
+    _require_engine_peers()
+
+
+@pytest.mark.parametrize("name", ENGINE_PEERS)
+def test_peer_rows_carry_pinned_provenance(name, engine_peers):
+    v = VARIANTS[name]
+    package = name.split("_")[0]
+    pin = cache.PINS[package]
+    assert v.peer_package == package
+    if next(r for r in peer_status() if r["name"] == name)["origin"] == "cache":
+        assert v.peer_version == pin.version
+        assert v.peer_sha256 in pin.files.values()
+    for own in ("native", "fused", "fused_inplace", "vllm_merged_recreated"):
+        assert VARIANTS[own].peer_columns == {"peer_package": "", "peer_version": "",
+                                              "peer_sha256": ""}
+    assert VARIANTS["compiled"].peer_package == "torch" and VARIANTS["compiled"].peer_version
+
+
+@pytest.mark.parametrize("name", ENGINE_PEERS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 3, 72), (5, 2, 8), (1, 1, 4)], ids=lambda s: "x".join(map(str, s)))
+def test_peer_matches_float64_or_says_why_not(name, dtype, shape, engine_peers, device):
+    res = check_variant(VARIANTS[name], tokens=shape[0], heads=shape[1], head_dim=shape[2],
+                        dtype=dtype, device=device)
+    if name == "sglang_vision" and dtype == torch.float32:
+        assert not res.supported and "bfloat16" in res.reason and not res.passed
+        return
+    assert res.supported and res.passed, res
+    assert res.peer_package == VARIANTS[name].peer_package and res.peer_sha256
+
+
+def test_unsupported_layout_is_recorded(engine_peers, device):
+    res = check_variant(VARIANTS["vllm_packed_qk"], tokens=5, heads=2, head_dim=8,
+                        dtype=torch.bfloat16, device=device, packed=False)
+    assert not res.supported and "packed" in res.reason
+    inp = make_inputs(5, 2, 8, torch.bfloat16, device, packed=False)
+    with pytest.raises(ValueError, match="packed qkv"):
+        VARIANTS["vllm_packed_qk"](inp.xq, inp.xk, inp.freqs_cis)
+
+
+def test_sglang_refuses_fp32_with_a_reason(engine_peers, device):
+    inp = make_inputs(4, 2, 8, torch.float32, device)
+    with pytest.raises(TypeError, match="bfloat16 and float16 only"):
+        VARIANTS["sglang_vision"](inp.xq, inp.xk, inp.freqs_cis)
+
+
+@pytest.mark.parametrize("name", ENGINE_PEERS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_peer_launch_counts(name, dtype, engine_peers, device):
+    v = VARIANTS[name]
+    if v.unsupported(dtype):
+        pytest.skip(v.unsupported(dtype))
+    inp = make_inputs(6, 2, 8, dtype, device)
+    total, counts = count_launches(v, inp.xq, inp.xk, inp.freqs_cis)
+    assert total == v.launch_count(dtype), counts
+    assert {k.removeprefix("triton:") for k in counts if k.startswith("triton:")} \
+        == set(v.triton_kernels), counts
+
+
+def test_packed_call_rotates_like_the_pair_call(engine_peers, device):
+    """Variant.packed (how the encoder calls a peer) equals its (xq, xk) call."""
+    for name in ENGINE_PEERS + ("native", "fused", "fused_inplace", "vllm_merged_recreated"):
+        v = VARIANTS[name]
+        inp = make_inputs(6, 2, 8, torch.bfloat16, device, seed=5)
+        qkv = inp.qkv.clone()
+        from rope_kernels.kernels.reference import cos_sin_views
+
+        q, k, vv = v.packed(qkv, inp.freqs_cis, *cos_sin_views(inp.freqs_cis))
+        q2, k2 = v(inp.xq, inp.xk, inp.freqs_cis)
+        assert torch.equal(q, q2) and torch.equal(k, k2), name
+        assert torch.equal(vv, inp.qkv[:, 2]), name
+        if v.packed_fn is not None and v.inplace:
+            assert q.data_ptr() == qkv[:, 0].data_ptr(), name  # rotated inside qkv
+
+
+def test_encoder_runs_the_engines_paths(engine_peers, device):
+    cfg = EncoderConfig.small()
+    model = MoonViTEncoder(cfg, device=device, dtype=torch.bfloat16, seed=2)
+    inp = encoder_inputs([(1, 4, 4)], cfg, device=device, seed=4)
+    att = pick_attention(inp.grids, device)
+    ref = model(inp.patches, inp.grids, rope="native", attention=att).float()
+    tol = 4 * ref.abs().max().item() * 2**-7
+    for name in ENGINE_PEERS + ("vllm_merged_recreated",):
+        out = model(inp.patches, inp.grids, rope=name, attention=att).float()
+        assert (out - ref).abs().max().item() <= tol, name
+
+
+def test_peer_status_lists_every_peer_with_a_reason():
+    rows = {r["name"]: r for r in peer_status()}
+    for name in ENGINE_PEERS + ("liger", "compiled", "flashinfer", "quack"):
+        assert name in rows
+        row = rows[name]
+        assert row["available"] == (name in VARIANTS), row
+        assert row["available"] or row["reason"], row
+    if not torch.cuda.is_available():
+        assert not rows["flashinfer"]["available"] and "flashinfer" not in VARIANTS
+        assert not rows["quack"]["available"] and "quack" not in VARIANTS
+
+
+# -- the cache -------------------------------------------------------------------
+@pytest.fixture
+def cache_copy(tmp_path):
+    """A private copy of the vLLM cache entry (the real one must be valid)."""
+    pin = cache.PINS["vllm"]
+    src = cache.peers_dir() / pin.key
+    if not cache.cache_valid(pin):
+        _require_engine_peers()
+        pytest.skip("vLLM peer cache not valid here")
+    shutil.copytree(src, tmp_path / pin.key)
+    return tmp_path, pin
+
+
+def test_tampered_file_is_refused_naming_it(cache_copy):
+    root, pin = cache_copy
+    path = next(iter(pin.files))
+    target = root / pin.key / path
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one byte changed
+    target.write_bytes(bytes(data))
+    with pytest.raises(cache.PeerCacheError, match=target.name):
+        cache.find_source("vllm", path, root=root)
+    assert not cache.cache_valid(pin, root)
+
+
+def test_manifest_cannot_vouch_for_a_changed_file(cache_copy):
+    """Editing the file and its manifest entry together is still refused: the pin decides."""
+    root, pin = cache_copy
+    path = next(iter(pin.files))
+    target = root / pin.key / path
+    target.write_bytes(target.read_bytes() + b"\n# edited\n")
+    manifest_path = root / pin.key / cache.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    for e in manifest["files"]:
+        if e["path"] == path:
+            e["sha256"] = cache.sha256_file(target)
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(cache.PeerCacheError, match="pinned"):
+        cache.find_source("vllm", path, root=root)
+
+
+def test_missing_manifest_or_file_is_a_clear_error(cache_copy):
+    root, pin = cache_copy
+    path = next(iter(pin.files))
+    (root / pin.key / path).unlink()
+    with pytest.raises(cache.PeerCacheError, match="missing"):
+        cache.find_source("vllm", path, root=root)
+    (root / pin.key / cache.MANIFEST).unlink()
+    with pytest.raises(cache.PeerCacheError, match="no manifest.*peers fetch"):
+        cache.find_source("vllm", path, root=root)
+
+
+def test_fetch_keeps_a_valid_cache_without_downloading(cache_copy, monkeypatch):
+    root, pin = cache_copy
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a valid cache must not be downloaded again")
+
+    monkeypatch.setattr(cache.subprocess, "run", no_download)
+    assert cache.fetch_pin(pin, root=root) == f"{pin.key}: cache valid"
+
+
+def test_fetch_rejects_a_wheel_that_is_not_the_pinned_one(tmp_path):
+    pin = cache.PINS["sglang"]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / pin.wheel).write_bytes(b"not the wheel")
+    with pytest.raises(cache.PeerCacheError, match="sha256"):
+        cache.fetch_pin(pin, root=tmp_path / "cache", wheels=wheels)
+    assert not (tmp_path / "cache" / pin.key / cache.MANIFEST).exists()
+
+
+def test_loading_leaves_no_fake_engine_in_sys_modules(engine_peers):
+    """The vllm.triton_utils shim exists only while packed_qk_rope.py is imported."""
+    if cache.installed_version("vllm") is None:
+        assert "vllm" not in sys.modules and "vllm.triton_utils" not in sys.modules
