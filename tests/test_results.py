@@ -90,3 +90,97 @@ def test_files_get_normal_permissions(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "a.csv").stat().st_mode & 0o777 == 0o644
+
+
+# The file on disk is checked before any upsert ------------------------------
+
+def _write_good(path, n=6):
+    upsert_csv(path, [row(tokens=t, median=float(t)) for t in range(n)], MICROBENCH_KEY)
+    return path.read_bytes()
+
+
+def _assert_refused(path, rows, match, before):
+    with pytest.raises(results.ResultFileError, match=match) as info:
+        upsert_csv(path, rows, MICROBENCH_KEY)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before  # nothing rewritten
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_renamed_header_is_an_error_and_loses_no_rows(tmp_path):
+    path = tmp_path / "microbench.csv"
+    _write_good(path, 42)
+    text = path.read_text().replace("median_us", "median_time_us", 1)
+    path.write_text(text)
+    before = path.read_bytes()
+    _assert_refused(path, [row(tokens=999)], r"microbench.csv:1: .*only in the file: "
+                    r"\['median_time_us'\].*lacks: \['median_us'\]", before)
+    assert len(pd.read_csv(path)) == 42
+
+
+def test_unknown_column_in_the_file_is_an_error(tmp_path):
+    path = tmp_path / "microbench.csv"
+    upsert_csv(path, [row(extra=1)], MICROBENCH_KEY)
+    before = path.read_bytes()
+    _assert_refused(path, [row()], r"only in the file: \['extra'\]", before)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda lines: lines[:3] + ["garbage"] + lines[3:], r":4: 1 fields where the header has 8"),
+    (lambda lines: lines[:3] + [lines[3].replace("fused,2,", "fused,2.0,")] + lines[4:],
+     r":4: column 'tokens' holds '2.0', not int"),
+    (lambda lines: lines[:4] + [lines[0]] + lines[4:], r":5: the header is repeated mid-file"),
+    (lambda lines: lines[:-1] + [lines[-1].rsplit(",", 3)[0]], r":7: 5 fields where"),
+])
+def test_malformed_lines_are_errors_naming_file_and_line(tmp_path, damage, match):
+    path = tmp_path / "microbench.csv"
+    _write_good(path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(damage(lines)) + "\n")
+    before = path.read_bytes()
+    _assert_refused(path, [row(tokens=999)], match, before)
+
+
+def test_truncated_last_line_is_an_error(tmp_path):
+    path = tmp_path / "microbench.csv"
+    _write_good(path)
+    path.write_bytes(path.read_bytes()[:-3])  # a write cut short: last value partial
+    _assert_refused(path, [row(tokens=999)], r"microbench.csv:7: .*truncated", path.read_bytes())
+
+
+def test_declared_migrations_keep_old_rows(tmp_path):
+    """ttft.csv files from before the ``profiled_`` names and peer columns merge
+    with rows that carry them: declared once in results.TABLES."""
+    path = tmp_path / "ttft.csv"
+    old = {"variant": "native", "resolution": "448x448", "images": 1, "mode": "eager",
+           "device_name": "NVIDIA H200", "median_ms": 14.5, "rope_share": 0.1, "rope_device_ms": 0.6}
+    pd.DataFrame([old, {**old, "variant": "fused", "rope_share": 0.02}]).to_csv(path, index=False)
+    new = {k: v for k, v in old.items() if not k.startswith("rope_")}
+    new.update(variant="liger", profiled_rope_share=0.2, profiled_rope_device_ms=1.0,
+               peer_package="liger-kernel", peer_version="0.6", peer_sha256="ab" * 32)
+    merged = upsert_csv(path, [new], results.TTFT_KEY)
+    on_disk = pd.read_csv(path).set_index("variant")
+    assert len(merged) == 3 and "rope_share" not in on_disk.columns
+    assert on_disk.profiled_rope_share.to_dict() == {"native": 0.1, "fused": 0.02, "liger": 0.2}
+    assert on_disk.peer_package.isna().tolist() == [True, True, False]
+
+
+def test_key_comes_from_the_one_table_of_schemas(tmp_path):
+    path = tmp_path / "microbench.csv"
+    upsert_csv(path, [row()])  # key from results.TABLES
+    with pytest.raises(ValueError, match="differs from results.TABLES"):
+        upsert_csv(path, [row()], ["variant", "tokens"])
+    with pytest.raises(ValueError, match="not in results.TABLES"):
+        upsert_csv(tmp_path / "elsewhere.csv", [row()])
+
+
+def test_stale_temp_files_are_swept_and_fresh_ones_kept(tmp_path):
+    stale = [tmp_path / ".04_ttft.k3j2h1.ipynb", tmp_path / ".microbench.csv.a8f7d.tmp"]
+    fresh = tmp_path / ".01_kernels.zz91.ipynb"
+    keep = [tmp_path / "04_ttft.ipynb", tmp_path / "microbench.csv", tmp_path / "x.failed.ipynb"]
+    for p in stale + keep + [fresh]:
+        p.write_text("x")
+    for p in stale + keep:
+        os.utime(p, (0, 0))
+    assert results.sweep_temp_files(tmp_path) == sorted(stale)
+    assert sorted(tmp_path.iterdir()) == sorted(keep + [fresh])

@@ -7,22 +7,70 @@
   measured again replaces its old self, every other row stays.
 - An exclusive lock on ``<file>.lock`` serialises concurrent runs writing to
   the same folder, so two read-modify-write cycles cannot interleave.
+- Before any upsert the file on disk is checked against the rows being written
+  (their columns and types are the schema: the code that writes declares it):
+  a header that differs (a renamed, unknown or missing column), a line with the
+  wrong number of fields or a value of the wrong type, a repeated header or a
+  truncated last line is a ``ResultFileError`` naming the file and line, and
+  nothing is rewritten. A deliberate change of columns is declared once, in
+  ``TABLES`` below (``renamed`` / ``added``), and older files are migrated by it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
+import io
 import os
+import re
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
 TTFT_KEY = ("variant", "resolution", "images", "mode", "device_name")
+PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be merged safely; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A result file's key and its declared column migrations.
+
+    The columns and their types are those of the rows the code writes; an older
+    file is accepted only where it differs by the migrations declared here:
+    ``renamed`` (old header name -> current name) and ``added`` (columns that
+    rows written before they existed lack: those rows get an empty value)."""
+
+    key: tuple[str, ...]
+    renamed: dict[str, str] = field(default_factory=dict)
+    added: tuple[str, ...] = ()
+
+
+# Every result file under data/<device>/, in one place. Add a column's migration
+# here when a writer adds or renames one, so committed files keep their rows.
+TABLES: dict[str, Table] = {
+    "microbench.csv": Table(MICROBENCH_KEY, added=PEER_COLUMNS),
+    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
+                                "block_h", "num_warps", "device_name")),
+    "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
+                             added=PEER_COLUMNS),
+    "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
+                          added=PEER_COLUMNS),
+    "ttft.csv": Table(TTFT_KEY,
+                      renamed={"rope_share": "profiled_rope_share",
+                               "rope_device_ms": "profiled_rope_device_ms",
+                               "peak_mem_mb": "profiled_peak_mem_mb"},
+                      added=PEER_COLUMNS + ("round_positions", "order_seed")),
+}
 
 
 @contextlib.contextmanager
@@ -72,22 +120,132 @@ def _umask() -> int:
     return mask
 
 
-def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict], key: Sequence[str]) -> pd.DataFrame:
-    """Merge ``rows`` into the CSV at ``path`` by ``key``; returns the merged table."""
+def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
+               key: Sequence[str] | None = None) -> pd.DataFrame:
+    """Merge ``rows`` into the CSV at ``path`` by ``key`` (``TABLES``' key for the
+    file's name by default); returns the merged table. The file on disk is checked
+    against the rows first (``read_results``): on any mismatch nothing is written."""
     path = Path(path)
     new = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    table = TABLES.get(path.name)
+    if key is None:
+        if table is None:
+            raise ValueError(f"{path.name} is not in results.TABLES; pass its key")
+        key = table.key
+    elif table is not None and tuple(key) != table.key:
+        raise ValueError(f"key {list(key)} for {path.name} differs from results.TABLES' "
+                         f"{list(table.key)}")
     key = list(key)
     missing = [k for k in key if k not in new.columns]
     if missing:
         raise ValueError(f"rows lack key column(s) {missing} for {path.name}")
     if new.empty:
         raise ValueError(f"no rows to write to {path}")
+    if new.columns.duplicated().any():
+        raise ValueError(f"rows for {path.name} repeat column(s) "
+                         f"{sorted(set(new.columns[new.columns.duplicated()]))}")
     with file_lock(path):
-        if path.exists() and path.stat().st_size > 0:
-            old = pd.read_csv(path)
-            merged = pd.concat([old, new], ignore_index=True)
-        else:
-            merged = new.copy()
+        old = read_results(path, new.dtypes.to_dict())
+        merged = pd.concat([old, new], ignore_index=True) if old is not None else new.copy()
+        merged = merged[list(new.columns)]
         merged = merged.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
         write_atomic(path, merged.to_csv(index=False))
     return merged
+
+
+_INT = re.compile(r"[-+]?\d+")
+_BOOL = {"True", "False"}
+
+
+def _kind(dtype) -> str:
+    kind = getattr(dtype, "kind", "O")
+    return {"i": "int", "u": "int", "f": "float", "b": "bool"}.get(kind, "text")
+
+
+def _value_ok(text: str, kind: str) -> bool:
+    if kind == "int":
+        return bool(_INT.fullmatch(text))
+    if kind == "float":
+        if text == "":
+            return True
+        try:
+            float(text)
+        except ValueError:
+            return False
+        return True
+    if kind == "bool":
+        return text in _BOOL
+    return True
+
+
+def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
+    """The rows of the result CSV at ``path`` (None when it is absent or empty),
+    checked against ``schema`` (column -> dtype of the rows being written) and
+    migrated by ``TABLES``' declarations for its name. Raises ``ResultFileError``
+    naming the file and line of the first problem."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    text = path.read_bytes()
+    try:
+        text = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
+    table = TABLES.get(path.name, Table(()))
+    lines = list(csv.reader(io.StringIO(text, newline="")))
+    header = lines[0]
+    columns = [table.renamed.get(c, c) if table.renamed.get(c) in schema and c not in schema
+               else c for c in header]
+    if len(set(columns)) != len(columns):
+        raise ResultFileError(f"{path}:1: the header repeats a column: {header}")
+    added = [c for c in table.added if c in schema and c not in columns]
+    unknown = [c for c in columns if c not in schema]
+    lacking = [c for c in schema if c not in columns and c not in added]
+    if unknown or lacking:
+        raise ResultFileError(
+            f"{path}:1: the header does not match the rows this code writes"
+            + (f"; columns only in the file: {unknown}" if unknown else "")
+            + (f"; columns the file lacks: {lacking}" if lacking else "")
+            + ". Nothing was written. If the columns changed on purpose, declare the "
+            "rename or addition in rope_kernels/study/results.py TABLES so old rows migrate.")
+    if not text.endswith("\n"):
+        raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
+                              "the file was truncated; nothing was written")
+    kinds = [_kind(schema[c]) for c in columns]
+    for number, fields in enumerate(lines[1:], start=2):
+        if fields == header:
+            raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
+        if len(fields) != len(header):
+            raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
+                                  f"has {len(header)} (malformed or truncated line)")
+        for name, kind, value in zip(columns, kinds, fields):
+            if not _value_ok(value, kind):
+                raise ResultFileError(f"{path}:{number}: column {name!r} holds {value!r}, "
+                                      f"not {kind} like the rows being written")
+    text_columns = {h: str for h, c, k in zip(header, columns, kinds) if k == "text"}
+    old = pd.read_csv(io.StringIO(text), dtype=text_columns)
+    old.columns = columns
+    for name in added:
+        old[name] = pd.Series([None] * len(old), dtype=object if _kind(schema[name]) == "text"
+                              else "float64")
+    return old
+
+
+_STALE_TEMP = re.compile(r"^\..+\.[^.]+\.(tmp|ipynb)$")
+
+
+def sweep_temp_files(folder: Path, older_than_s: float = 60.0) -> list[Path]:
+    """Remove temporary files a killed run left in ``folder`` (``.NAME.XXXX.tmp``
+    from ``write_atomic``, ``.NAME.XXXX.ipynb`` from the runner). Only files older
+    than ``older_than_s`` go, so another writer's file in flight is left alone."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    now = time.time()
+    removed = []
+    for p in folder.iterdir():
+        if p.is_file() and _STALE_TEMP.match(p.name) and now - p.stat().st_mtime > older_than_s:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return sorted(removed)
