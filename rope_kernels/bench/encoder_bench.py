@@ -1,9 +1,11 @@
 """Vision-encoder latency per RoPE variant, for a bucket of equal-size images.
 
-All variants of a bucket are timed round-robin (one forward of each per
-sample), so slow drift of clocks or temperature hits them alike; the floor is
-the same encoder with RoPE skipped ("none"). In ``cudagraph`` mode the whole
-encoder forward is captured once per (variant, bucket) and replayed.
+All variants of a bucket are timed in rounds (one forward of each per round,
+in a seeded shuffled order recorded with the rows), so slow drift of clocks or
+temperature and the position in a round hit them alike; the floor is the same
+encoder with RoPE skipped ("none"). In ``cudagraph`` mode the whole encoder
+forward is captured once per (variant, bucket) and replayed. Columns measured
+on one profiled forward, not the timed rounds, carry a ``profiled_`` prefix.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
 from rope_kernels.bench.microbench import minimal_bytes
-from rope_kernels.bench.timing import Timing, median_p20_p80, summarize
+from rope_kernels.bench.timing import (Timing, median_p20_p80, round_positions, shuffled_orders,
+                                       summarize)
 from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
-from rope_kernels.variants import ROPE_TRITON_KERNELS
+from rope_kernels.variants import ROPE_TRITON_KERNELS, peer_columns
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,26 @@ def _forward(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: st
                  cu_seqlens=inp.cu_seqlens, max_seqlen=inp.max_seqlen)
 
 
-def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
-                   attention: str, *, samples: int = 5, warmup: int = 1) -> tuple[str, dict[str, list[float]]]:
-    """(timer, per-variant forward times in microseconds). Round ``i`` of every
-    variant was timed back to back, so ``times[a][i]`` and ``times[b][i]`` pair up."""
+@dataclass(frozen=True)
+class BucketRounds:
+    """One bucket's timed rounds: per variant one forward time (microseconds)
+    per round, ``times[a][i]`` and ``times[b][i]`` from the same round ``i``, and
+    the order the variants ran in, per round."""
+
+    timer: str
+    times: dict[str, list[float]]
+    orders: list[tuple[str, ...]]
+    seed: int | str
+
+    def positions(self, variant: str) -> str:
+        return round_positions(self.orders, variant)
+
+
+def bucket_rounds(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
+                  attention: str, *, samples: int = 5, warmup: int = 1,
+                  seed: int | str = 0) -> BucketRounds:
+    """Time ``samples`` rounds of one forward per variant, each round in the order
+    ``shuffled_orders(variants, samples, seed)`` gives."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be a positive int, got {samples!r}")
     cuda = inp.patches.device.type == "cuda"
@@ -68,6 +87,7 @@ def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence
         raise ValueError(f"mode must be 'eager' or 'cudagraph', got {mode!r}")
     if mode == "cudagraph" and not cuda:
         raise ValueError("cudagraph mode needs a GPU")
+    orders = shuffled_orders(list(variants), samples, seed)
     runners = {}
     for v in variants:
         for _ in range(max(1, warmup)):
@@ -84,8 +104,8 @@ def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence
     times: dict[str, list[float]] = {v: [] for v in variants}
     if cuda:
         torch.cuda.synchronize()
-        for _ in range(samples):
-            for v in variants:
+        for order in orders:
+            for v in order:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 runners[v]()
@@ -96,8 +116,8 @@ def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence
     else:
         import time as _time
 
-        for _ in range(samples):
-            for v in variants:
+        for order in orders:
+            for v in order:
                 t0 = _time.perf_counter()
                 runners[v]()
                 times[v].append((_time.perf_counter() - t0) * 1e6)
@@ -106,7 +126,16 @@ def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    return timer, times
+    return BucketRounds(timer, times, orders, seed)
+
+
+def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
+                   attention: str, *, samples: int = 5, warmup: int = 1,
+                   seed: int | str = 0) -> tuple[str, dict[str, list[float]]]:
+    """(timer, per-variant forward times in microseconds) of ``bucket_rounds``,
+    without the orders."""
+    r = bucket_rounds(model, inp, variants, mode, attention, samples=samples, warmup=warmup, seed=seed)
+    return r.timer, r.times
 
 
 def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
@@ -136,6 +165,30 @@ def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float
         mid, lo, hi = median_p20_p80([f(m, p) for m, p in zip(mine, times[partner])])
         out.update({name: mid, f"{name}_p20": lo, f"{name}_p80": hi})
     return out
+
+
+def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds, *,
+                profiled: dict[str, tuple[float, float]], peaks: dict[str, float],
+                copy_gbps: float, **fields) -> list[dict]:
+    """One ttft row per variant of a timed bucket: median/p20/p80 of its forward
+    over the rounds (ms), per-round paired statistics (``paired_stats``), where it
+    ran in each round, and, prefixed ``profiled_``, RoPE's share and device time
+    (``profiled[v]`` = ``rope_profile``'s (RoPE ms, all ms)) and peak memory of one
+    profiled forward. ``fields`` (e.g. layers, encoder) go into every row."""
+    rows = []
+    for v, ts in rounds.times.items():
+        t = summarize(ts, rounds.timer, 1)
+        rope_ms, all_ms = profiled[v]
+        rows.append({"variant": v, "resolution": bucket.resolution, "images": bucket.images,
+                     "vit_tokens": bucket.vit_tokens, "llm_tokens": bucket.llm_tokens, "mode": mode,
+                     "attention_kernel": attention, "timer": t.timer, "median_ms": t.median_us / 1e3,
+                     "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
+                     "round_positions": rounds.positions(v), "order_seed": str(rounds.seed),
+                     "profiled_rope_share": rope_ms / all_ms if all_ms > 0 else nan,
+                     "profiled_rope_device_ms": rope_ms, "profiled_peak_mem_mb": peaks[v],
+                     "copy_gbps": copy_gbps, **fields, **peer_columns(v),
+                     **{f"paired_{k}": x for k, x in paired_stats(rounds.times, v).items()}})
+    return rows
 
 
 # Kernels RoPE variants launch through Triton's own launcher. The profiler records
@@ -230,5 +283,6 @@ def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
     return {"scale": scale, **result}
 
 
-__all__ = ["Bucket", "bucket_samples", "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree",
-           "paired_stats", "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]
+__all__ = ["Bucket", "BucketRounds", "bucket_rounds", "bucket_rows", "bucket_samples",
+           "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree", "paired_stats",
+           "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.study.devices import provenance
-from rope_kernels.bench.timing import peak_memory_mb, rotation_count, time_fn
+from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
 from rope_kernels.variants import Variant, get_variant
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -76,6 +76,30 @@ def make_arg_sets(shape: Shape, dtype: torch.dtype, device, count: int, seed: in
     return sets
 
 
+def rope_read_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one RoPE call reads: q and k (not v, though they are views into the
+    packed qkv) and fp32 cos and sin. What the L2 rotation must cover."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * element * tokens * heads * head_dim + 4 * tokens * head_dim
+
+
+# The same-bytes copy's name among the functions timed in rounds with the variants.
+SAME_BYTES_COPY = "copy_same_bytes"
+
+
+def same_bytes_copy_sets(nbytes: int, device) -> list[tuple]:
+    """Sources for a copy that moves ``nbytes`` (read + write), as many as cold
+    mode rotates over; ``_clone`` writes each call's copy to fresh memory."""
+    device = torch.device(device)
+    n = max(1, nbytes // 2 // 4)
+    count = cold_set_count(4 * n, device, cpu_sets=1)
+    return [(torch.randn(n, device=device),) for _ in range(count)]
+
+
+def _clone(src: torch.Tensor) -> torch.Tensor:
+    return src.clone()
+
+
 def bench_shape(
     variants: Sequence[Variant],
     shape: Shape,
@@ -86,35 +110,48 @@ def bench_shape(
     copy_gbps: float,
     samples: int = 50,
     min_calls: int = 20,
+    rounds: int = 5,
+    seed: int = 0,
 ) -> list[dict]:
-    """Time every variant on one shape; returns rows without speedups."""
+    """Time every variant and a copy of the same bytes on one shape, per mode in
+    ``rounds`` rounds of seeded shuffled order (``timing.time_rounds``); in-place
+    variants rotate input sets of their own. Returns rows without speedups."""
     device = torch.device(device)
-    set_bytes = (3 * shape.tokens * shape.heads * shape.head_dim
-                 * torch.empty((), dtype=dtype).element_size() + shape.tokens * shape.head_dim * 4)
-    count = rotation_count(set_bytes, device) if device.type == "cuda" else 2
-    sets = make_arg_sets(shape, dtype, device, count)
-    calls = max(len(sets), min_calls if device.type == "cuda" else 1)
+    count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
+    shared = make_arg_sets(shape, dtype, device, count)
+    calls = max(count, min_calls if device.type == "cuda" else 1)
     nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
-    copy_us = same_bytes_copy_us(nbytes, device, modes, samples=samples, min_calls=min_calls)
+    # An in-place variant rotates its own copies (same values): the shared sets
+    # the other variants read stay untouched.
+    fns = {v.name: (v, make_arg_sets(shape, dtype, device, count) if v.inplace else shared)
+           for v in variants}
+    fns[SAME_BYTES_COPY] = (_clone, same_bytes_copy_sets(nbytes, device))
+    mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
     rows = []
-    for variant in variants:
-        mem = peak_memory_mb(variant, sets[0])
-        for mode in modes:
-            t = time_fn(variant, sets, mode=mode, calls_per_sample=calls, samples=samples)
+    for mode in modes:
+        order_seed = f"{seed}/{shape.tokens}x{shape.heads}x{shape.head_dim}/{dtype_name(dtype)}/{mode}"
+        # CPU rounds skip the re-warm: interpreter time, and CPU timings are not results.
+        timed = time_rounds(fns, mode=mode, calls_per_sample=calls, samples=samples, rounds=rounds,
+                            seed=order_seed, rewarm=1 if device.type == "cuda" else 0)
+        copy_us = timed.timings[SAME_BYTES_COPY].median_us
+        for variant in variants:
+            t = timed.timings[variant.name]
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
                 "head_dim": shape.head_dim, "dtype": dtype_name(dtype), "mode": mode,
                 "timer": t.timer, "median_us": t.median_us, "p20_us": t.p20_us,
                 "p80_us": t.p80_us, "samples": t.samples, "calls_per_sample": t.calls_per_sample,
-                "input_sets": len(sets), "bytes": nbytes, "gbps": gbps,
+                "input_sets": count, "rounds": len(timed.orders),
+                "round_positions": timed.positions(variant.name), "order_seed": order_seed,
+                "bytes": nbytes, "gbps": gbps,
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
-                "copy_same_bytes_us": copy_us[mode],
-                "pct_of_copy_same_bytes": 100 * copy_us[mode] / t.median_us,
-                "launches": variant.launch_count(dtype), "peak_mem_mb": mem,
+                "copy_same_bytes_us": copy_us,
+                "pct_of_copy_same_bytes": 100 * copy_us / t.median_us,
+                "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 **variant.peer_columns,
             })
-    del sets
+    del shared, fns
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -123,14 +160,14 @@ def bench_shape(
 def same_bytes_copy_us(nbytes: int, device, modes: Sequence[str], *, samples: int,
                        min_calls: int = 20) -> dict[str, float]:
     """Time of a device-to-device copy that moves the same bytes (read + write)
-    as one RoPE call, timed the same way: the ceiling at this size, where launch
-    and ramp-up costs weigh more than in the large-copy ceiling."""
+    as one RoPE call, timed the same way (rotated sources, a fresh destination
+    per call): the ceiling at this size, where launch and ramp-up costs weigh
+    more than in the large-copy ceiling. ``bench_shape`` times it in the same
+    rounds as the variants."""
     device = torch.device(device)
-    n = max(1, nbytes // 2 // 4)
-    count = rotation_count(nbytes, device) if device.type == "cuda" else 1
-    sets = [(torch.randn(n, device=device), torch.empty(n, device=device)) for _ in range(count)]
+    sets = same_bytes_copy_sets(nbytes, device)
     calls = max(len(sets), min_calls if device.type == "cuda" else 1)
-    out = {mode: time_fn(lambda s, d: d.copy_(s), sets, mode=mode, calls_per_sample=calls,
+    out = {mode: time_fn(_clone, sets, mode=mode, calls_per_sample=calls,
                          samples=samples).median_us for mode in modes}
     del sets
     return out
@@ -155,8 +192,11 @@ def run_microbench(
     copy_gbps: float,
     samples: int = 50,
     progress: bool = True,
+    rounds: int = 5,
+    seed: int = 0,
 ) -> pd.DataFrame:
-    """The whole sweep as a tidy table, provenance in every row."""
+    """The whole sweep as a tidy table, provenance in every row. Per shape and
+    mode the variants are timed in ``rounds`` rounds of seeded shuffled order."""
     variants = [get_variant(n) for n in variant_names]
     shapes = expand_families(families)
     dts = [parse_dtype(d) for d in dtypes]
@@ -169,7 +209,7 @@ def run_microbench(
     rows = []
     for shape, dtype in iterator:
         rows += bench_shape(variants, shape, dtype, modes, device=device,
-                            copy_gbps=copy_gbps, samples=samples)
+                            copy_gbps=copy_gbps, samples=samples, rounds=rounds, seed=seed)
     df = add_speedups(pd.DataFrame(rows))
     prov = provenance()
     for k, v in prov.items():
@@ -215,8 +255,8 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     element = torch.empty((), dtype=dtype).element_size()
     for shape, cfg in work:
         if shape != current:
-            set_bytes = 3 * shape.tokens * shape.heads * shape.head_dim * element
-            sets = make_arg_sets(shape, dtype, device, rotation_count(set_bytes, device))
+            read = rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
+            sets = make_arg_sets(shape, dtype, device, cold_set_count(read, device))
             current = shape
         default = fused_launch_config(shape.heads, shape.head_dim, element)
 

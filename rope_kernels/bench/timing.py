@@ -2,16 +2,22 @@
 
 Method (see notebooks/02_microbench): warm up first (compiles and caches),
 then take many samples and report the median with p20/p80. Each sample times a
-batch of calls that rotate over several input sets whose total size is at
-least twice the L2 cache, so small shapes are not timed from cache. In
-``cudagraph`` mode the whole batch is captured once and replayed, which removes
-Python and launch-queue overhead: what remains is the GPU's own time per call,
-launch gaps between kernels included. The timer is named in every result.
+batch of calls. Cold (``eager``, ``cudagraph``): the calls rotate over input
+sets whose bytes read (what one call reads, not whole buffers it views into)
+cover at least twice the L2 cache, and every call of a batch keeps its output
+alive until the batch ends, so each call writes memory of its own rather than
+the block the previous call just freed. In ``cudagraph`` mode the whole batch is
+captured once and replayed, which removes Python and launch-queue overhead:
+what remains is the GPU's own time per call, launch gaps included. Several
+functions compared with each other are timed in rounds (``time_rounds``), each
+round in a seeded shuffled order that is returned with the timings. The timer
+is named in every result.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-# cudagraph_warm replays calls on one input set: L2-resident when it fits, the
-# way many published kernel tables are measured. Shown beside, never instead of,
-# the cold (rotated) cudagraph numbers.
+# cudagraph_warm replays calls on one input set, every output on one address
+# (L2-resident when it fits), the way many published kernel tables are
+# measured. Shown beside, never instead of, the cold cudagraph numbers.
 MODES = ("eager", "cudagraph", "cudagraph_warm")
 
 
@@ -62,11 +68,48 @@ def l2_cache_bytes(device: torch.device) -> int:
     return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
 
 
-def rotation_count(bytes_per_set: int, device: torch.device, *, max_sets: int = 512) -> int:
-    """How many distinct input sets cover twice the L2 cache (at least 2)."""
-    if bytes_per_set <= 0:
-        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
-    return max(2, min(max_sets, math.ceil(2 * l2_cache_bytes(device) / bytes_per_set)))
+def rotation_count(read_bytes: int, device: torch.device, *, max_sets: int = 512) -> int:
+    """How many distinct input sets, each read ``read_bytes`` by one call, cover
+    twice the L2 cache (at least 2). Count only what a call reads (for RoPE: q, k,
+    cos, sin; not v, although q and k are views into the packed qkv)."""
+    if isinstance(read_bytes, bool) or not isinstance(read_bytes, int) or read_bytes <= 0:
+        raise ValueError(f"read_bytes must be a positive int, got {read_bytes!r}")
+    return max(2, min(max_sets, math.ceil(2 * l2_cache_bytes(device) / read_bytes)))
+
+
+def cold_set_count(read_bytes: int, device, *, cpu_sets: int = 2) -> int:
+    """Input sets to rotate over in cold mode: ``rotation_count`` on a GPU;
+    ``cpu_sets`` on the CPU, whose wall-clock timings only exercise the plumbing
+    (and whose Triton kernels run in the slow interpreter)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return rotation_count(read_bytes, device)
+    if isinstance(read_bytes, bool) or not isinstance(read_bytes, int) or read_bytes <= 0:
+        raise ValueError(f"read_bytes must be a positive int, got {read_bytes!r}")
+    return cpu_sets
+
+
+def shuffled_orders(names: Sequence[str], rounds: int, seed: int | str) -> list[tuple[str, ...]]:
+    """One order of ``names`` per round, shuffled by ``random.Random(seed)`` (a str
+    seed is hashed deterministically, so the same seed gives the same orders in
+    every process)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"names must be distinct, got {list(names)}")
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(tuple(order))
+    return orders
+
+
+def round_positions(orders: Sequence[Sequence[str]], name: str) -> str:
+    """Where ``name`` ran in each round (0 = first), ';'-separated: the order as a
+    result row records it."""
+    return ";".join(str(list(order).index(name)) for order in orders)
 
 
 def time_fn(
@@ -79,25 +122,86 @@ def time_fn(
     warmup: int = 3,
 ) -> Timing:
     """Time ``fn(*args)`` rotating over ``arg_sets``; per-call microseconds."""
+    timer, per_call, calls = sample_fn(fn, arg_sets, mode=mode, calls_per_sample=calls_per_sample,
+                                       samples=samples, warmup=warmup)
+    return summarize(per_call, timer, calls)
+
+
+def sample_fn(
+    fn: Callable,
+    arg_sets: Sequence[tuple],
+    *,
+    mode: str = "eager",
+    calls_per_sample: int | None = None,
+    samples: int = 50,
+    warmup: int = 3,
+) -> tuple[str, list[float], int]:
+    """(timer, per-call microseconds of each sample, calls per sample): ``time_fn``
+    before the summary, for pooling samples taken in several rounds."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not arg_sets:
         raise ValueError("arg_sets is empty")
-    if samples < 1:
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     calls = calls_per_sample or len(arg_sets)
     device = _device_of(arg_sets[0])
     if device.type != "cuda":
         if mode != "eager":
             raise ValueError(f"{mode} mode needs a GPU")
-        return _time_wall_clock(fn, arg_sets, calls, samples, warmup)
+        return "wall_clock_cpu", _time_wall_clock(fn, arg_sets, calls, samples, warmup), calls
     if mode == "eager":
-        return _time_eager_cuda(fn, arg_sets, calls, samples, warmup)
+        return "cuda_events_eager", _time_eager_cuda(fn, arg_sets, calls, samples, warmup), calls
     if mode == "cudagraph_warm":
-        t = _time_cudagraph(fn, arg_sets[:1], calls, samples, warmup)
-        return Timing("cuda_events_cudagraph_warm_l2", t.median_us, t.p20_us, t.p80_us,
-                      t.samples, t.calls_per_sample)
-    return _time_cudagraph(fn, arg_sets, calls, samples, warmup)
+        return ("cuda_events_cudagraph_warm_l2",
+                _time_cudagraph(fn, arg_sets[:1], calls, samples, warmup, keep_outputs=False), calls)
+    return "cuda_events_cudagraph", _time_cudagraph(fn, arg_sets, calls, samples, warmup), calls
+
+
+@dataclass(frozen=True)
+class RoundTimings:
+    """Functions timed in rounds: each one's samples pooled over the rounds, and
+    the order they ran in per round."""
+
+    timings: dict[str, Timing]
+    orders: list[tuple[str, ...]]
+    seed: int | str
+
+    def positions(self, name: str) -> str:
+        return round_positions(self.orders, name)
+
+
+def time_rounds(
+    fns: dict[str, tuple[Callable, Sequence[tuple]]],
+    *,
+    mode: str,
+    calls_per_sample: int,
+    samples: int,
+    rounds: int,
+    seed: int | str = 0,
+    warmup: int = 3,
+    rewarm: int = 1,
+) -> RoundTimings:
+    """Time every ``name -> (fn, arg_sets)`` the same way, in ``rounds`` rounds;
+    each round runs all of them, in a seeded shuffled order, for its share of
+    ``samples`` (so drift and position in the run hit every function alike).
+    A function warms up for ``warmup`` batches before its first round and
+    ``rewarm`` before each later one (a graph is re-captured every round)."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    rounds = min(rounds, samples)
+    orders = shuffled_orders(list(fns), rounds, seed)
+    per_call: dict[str, list[float]] = {name: [] for name in fns}
+    timers: dict[str, str] = {}
+    for r, order in enumerate(orders):
+        share = samples // rounds + (r < samples % rounds)
+        for name in order:
+            fn, arg_sets = fns[name]
+            timers[name], got, _ = sample_fn(fn, arg_sets, mode=mode, calls_per_sample=calls_per_sample,
+                                             samples=share, warmup=warmup if r == 0 else rewarm)
+            per_call[name] += got
+    timings = {name: summarize(per_call[name], timers[name], calls_per_sample) for name in fns}
+    return RoundTimings(timings, orders, seed)
 
 
 def _device_of(args: tuple) -> torch.device:
@@ -107,24 +211,33 @@ def _device_of(args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
-def _run_batch(fn, arg_sets, calls):
+def _run_batch(fn, arg_sets, calls, *, keep_outputs: bool = True) -> list:
+    """``calls`` calls rotating over ``arg_sets``. With ``keep_outputs`` every
+    call's output stays alive until the caller drops the returned list: the
+    caching allocator (and a CUDA graph's memory pool) would otherwise hand each
+    call the block its predecessor just freed, and every call would write one
+    L2-resident address."""
     n = len(arg_sets)
-    for i in range(calls):
-        fn(*arg_sets[i % n])
+    if not keep_outputs:
+        for i in range(calls):
+            fn(*arg_sets[i % n])  # unbound: freed before the next call
+        return []
+    return [fn(*arg_sets[i % n]) for i in range(calls)]
 
 
-def _time_wall_clock(fn, arg_sets, calls, samples, warmup) -> Timing:
+def _time_wall_clock(fn, arg_sets, calls, samples, warmup) -> list[float]:
     for _ in range(warmup):
         _run_batch(fn, arg_sets, calls)
     per_call = []
     for _ in range(samples):
         start = time.perf_counter()
-        _run_batch(fn, arg_sets, calls)
+        outs = _run_batch(fn, arg_sets, calls)
         per_call.append((time.perf_counter() - start) * 1e6 / calls)
-    return summarize(per_call, "wall_clock_cpu", calls)
+        del outs
+    return per_call
 
 
-def _time_eager_cuda(fn, arg_sets, calls, samples, warmup) -> Timing:
+def _time_eager_cuda(fn, arg_sets, calls, samples, warmup) -> list[float]:
     for _ in range(warmup):
         _run_batch(fn, arg_sets, calls)
     torch.cuda.synchronize()
@@ -132,14 +245,14 @@ def _time_eager_cuda(fn, arg_sets, calls, samples, warmup) -> Timing:
               for _ in range(samples)]
     for start, end in events:
         start.record()
-        _run_batch(fn, arg_sets, calls)
+        outs = _run_batch(fn, arg_sets, calls)
         end.record()
+        del outs  # freed after the batch: the next batch reuses blocks a whole batch later
     torch.cuda.synchronize()
-    per_call = [s.elapsed_time(e) * 1e3 / calls for s, e in events]
-    return summarize(per_call, "cuda_events_eager", calls)
+    return [s.elapsed_time(e) * 1e3 / calls for s, e in events]
 
 
-def _time_cudagraph(fn, arg_sets, calls, samples, warmup) -> Timing:
+def _time_cudagraph(fn, arg_sets, calls, samples, warmup, *, keep_outputs: bool = True) -> list[float]:
     # Warm up on a side stream (compiles, autotunes, allocates) before capture.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -150,7 +263,9 @@ def _time_cudagraph(fn, arg_sets, calls, samples, warmup) -> Timing:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _run_batch(fn, arg_sets, calls)
+        # Outputs kept alive through capture own distinct blocks of the graph's
+        # pool, so each replayed call writes its own memory.
+        outs = _run_batch(fn, arg_sets, calls, keep_outputs=keep_outputs)
     for _ in range(max(1, warmup)):
         graph.replay()
     torch.cuda.synchronize()
@@ -162,8 +277,11 @@ def _time_cudagraph(fn, arg_sets, calls, samples, warmup) -> Timing:
         end.record()
     torch.cuda.synchronize()
     per_call = [s.elapsed_time(e) * 1e3 / calls for s, e in events]
-    del graph
-    return summarize(per_call, "cuda_events_cudagraph", calls)
+    # A destroyed graph's pool is only handed back by empty_cache (or an
+    # allocation that fails and retries, which a later timed batch must not meet).
+    del outs, graph
+    torch.cuda.empty_cache()
+    return per_call
 
 
 def copy_bandwidth_gbps(device, *, nbytes: int = 2**30, samples: int = 30) -> float:
