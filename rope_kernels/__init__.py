@@ -5,6 +5,7 @@ Public API:
     fused_qk_rope(xq, xk, cos, sin, *, inplace)     one Triton launch for q and k
     vllm_merged_recreated_rope(xq, xk, freqs_cis)   our re-creation of what PR #50400 merged
     vision_freqs_cis(grid_thw, head_dim, ...)       Kimi's 2D RoPE table
+    qkv_rope_linear(x, w_qkv, b_qkv, cos, sin)      QKV projection with q/k rotated in its epilogue
     VARIANTS, peer_status()                         name -> Variant (callable, packed call,
                                                     launches, peer provenance); which peers ran
 """
@@ -21,6 +22,7 @@ if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
 from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
 from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
+from rope_kernels.kernels.qkv_gemm import qkv_rope_linear, qkv_rope_linear_angles  # noqa: E402
 from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
 from rope_kernels.variants import VARIANTS, Variant, get_variant, peer_status  # noqa: E402
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope  # noqa: E402
@@ -39,6 +41,8 @@ __all__ = [
     "cos_sin_views",
     "fused_launch_config",
     "fused_qk_rope",
+    "qkv_rope_linear",
+    "qkv_rope_linear_angles",
     "get_variant",
     "peer_status",
     "grid_tokens",

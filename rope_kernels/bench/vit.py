@@ -19,12 +19,14 @@ from torch import nn
 from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
+from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.variants import VARIANTS, peer_status
 
 # Every registered variant and peer (as the registry calls it on a packed qkv), plus
-# "none": RoPE skipped, the floor.
-ROPE_VARIANTS = (*VARIANTS, "none")
+# "none": RoPE skipped, the floor, and "gemm_epilogue": q and k rotated inside
+# the QKV projection's epilogue (kernels/qkv_gemm.py), no RoPE step at all.
+ROPE_VARIANTS = (*VARIANTS, "none", "gemm_epilogue")
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 
 
@@ -203,8 +205,11 @@ class MoonViTEncoder(nn.Module):
         cos, sin = cos_sin_views(freqs_cis)
         for blk in self.blocks:
             h = blk.norm0(x)
-            qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
-            q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)
+            if rope == "gemm_epilogue":  # weights permuted once per block, cached on it
+                q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads).unbind(1)
+            else:
+                qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
+                q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)
             o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
             x = x + blk.wo(o)
             h = blk.norm1(x)

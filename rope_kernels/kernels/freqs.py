@@ -59,11 +59,10 @@ def grid_tokens(grid_thw) -> int:
     return sum(t * h * w for t, h, w in _as_grids(grid_thw))
 
 
-def vision_freqs_cis(
-    grid_thw, head_dim: int, *, theta: float = 10000.0, device=None
-) -> torch.Tensor:
-    """Kimi's 2D RoPE table for the given patch grids: complex64 (tokens, head_dim/2)."""
-    grids = _as_grids(grid_thw)
+def vision_rope_frequencies(head_dim: int, *, theta: float = 10000.0, device=None) -> torch.Tensor:
+    """Kimi's ``head_dim/4`` fp32 frequencies ``theta^(-4i/head_dim)``, computed in
+    the same order of operations as Kimi's table (kernels that compute angles
+    in-kernel read these, so their angles match the table's bit for bit)."""
     if isinstance(head_dim, bool) or not isinstance(head_dim, int):
         raise TypeError(f"head_dim must be an int, got {head_dim!r}")
     if head_dim <= 0 or head_dim % 4 != 0:
@@ -72,18 +71,34 @@ def vision_freqs_cis(
         )
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
         raise ValueError(f"theta must be a positive number, got {theta!r}")
-
-    # fp32 throughout, in the same order of operations as Kimi's table.
     dim_range = torch.arange(0, head_dim, 4, device=device)[: head_dim // 4].float()
-    freqs = 1.0 / (theta ** (dim_range / head_dim))
+    return 1.0 / (theta ** (dim_range / head_dim))
+
+
+def vision_patch_coords(grid_thw, *, device=None) -> torch.Tensor:
+    """Each vision token's (row, column) in its image's patch grid: int32 (tokens, 2).
+
+    Tokens are row-major per image, images (and video frames) one after another,
+    the order ``vision_freqs_cis`` uses."""
     rows, cols = [], []
-    for t, h, w in grids:
+    for t, h, w in _as_grids(grid_thw):
         r = torch.arange(h, device=device).repeat_interleave(w)
         c = torch.arange(w, device=device).repeat(h)
         rows.append(r.repeat(t))
         cols.append(c.repeat(t))
-    row = torch.cat(rows).float()
-    col = torch.cat(cols).float()
+    return torch.stack((torch.cat(rows), torch.cat(cols)), dim=-1).to(torch.int32)
+
+
+def vision_freqs_cis(
+    grid_thw, head_dim: int, *, theta: float = 10000.0, device=None
+) -> torch.Tensor:
+    """Kimi's 2D RoPE table for the given patch grids: complex64 (tokens, head_dim/2)."""
+    _as_grids(grid_thw)  # grid errors first
+    # fp32 throughout, in the same order of operations as Kimi's table.
+    freqs = vision_rope_frequencies(head_dim, theta=theta, device=device)
+    coords = vision_patch_coords(grid_thw, device=device)
+    row = coords[:, 0].float()
+    col = coords[:, 1].float()
     x_angle = torch.outer(col, freqs)
     y_angle = torch.outer(row, freqs)
     x_cis = torch.polar(torch.ones_like(x_angle), x_angle)

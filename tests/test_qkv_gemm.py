@@ -1,0 +1,267 @@
+"""The QKV projection with RoPE in its epilogue, against float64 on fresh random data.
+
+Under the Triton interpreter the shapes are tiny: head_dim 72 with 2 heads, a
+token count (37) that is not a multiple of any tile, hidden 48 (not a multiple
+of block_k 32). The tolerance is the project's rule: at most 2x the error of
+the native path in the same dtype (cuBLAS-style linear rounded to bf16, then
+Kimi's native RoPE) plus a small floor.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rope_kernels import native_rope, rope_reference, vision_freqs_cis
+from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
+from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, permute_qkv_weight,
+                                           qkv_gemm_config, qkv_rope_linear,
+                                           qkv_rope_linear_angles, qkv_row_order,
+                                           rotating_qkv_projection, tile_layout,
+                                           unpermute_qkv_weight)
+from rope_kernels.kernels.reference import cos_sin_views
+
+HEADS, HEAD_DIM, HIDDEN = 2, 72, 48
+GRIDS = [(1, 4, 6), (1, 3, 4), (1, 1, 1)]  # 37 tokens, two images and a lone patch
+TOKENS = 37
+FLOOR = 1e-6
+
+
+def make_problem(device, *, heads=HEADS, head_dim=HEAD_DIM, hidden=HIDDEN, grids=GRIDS,
+                 bias=True, dtype=torch.bfloat16, seed=None):
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**63)
+    tokens = sum(t * h * w for t, h, w in grids)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(device)
+    w = (torch.randn(3 * heads * head_dim, hidden, generator=gen) / math.sqrt(hidden)).to(dtype)
+    b = torch.randn(3 * heads * head_dim, generator=gen).to(dtype) if bias else None
+    freqs_cis = vision_freqs_cis(grids, head_dim, device=device)
+    return x, w.to(device), (b.to(device) if bias else None), freqs_cis
+
+
+def judge(out, x, w, b, freqs_cis):
+    """(max error, tolerance) of packed qkv against float64 rope(linear(x))."""
+    tokens = x.shape[0]
+    heads = w.shape[0] // 3 // (2 * freqs_cis.shape[1])
+    head_dim = 2 * freqs_cis.shape[1]
+    ref = x.double() @ w.double().T
+    if b is not None:
+        ref = ref + b.double()
+    ref = ref.view(tokens, 3, heads, head_dim)
+    ref_q, ref_k = rope_reference(ref[:, 0], ref[:, 1], freqs_cis)
+    lin = F.linear(x, w, b).view(tokens, 3, heads, head_dim)
+    nat_q, nat_k = native_rope(lin[:, 0], lin[:, 1], freqs_cis)
+    pairs = ((out[:, 0], ref_q), (out[:, 1], ref_k), (out[:, 2], ref[:, 2]))
+    err = max((o.double() - r).abs().max().item() for o, r in pairs)
+    native = max((o.double() - r).abs().max().item()
+                 for o, r in ((nat_q, ref_q), (nat_k, ref_k), (lin[:, 2], ref[:, 2])))
+    scale = max(r.abs().max().item() for _, r in pairs)
+    return err, 2 * native + FLOOR * scale
+
+
+@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+def test_table_matches_float64(use_tma, device):
+    x, w, b, freqs_cis = make_problem(device)
+    config = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
+                              "use_tma": use_tma})
+    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
+    qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
+    assert torch.isfinite(out).all(), "an output element was never written"
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+
+
+def test_padded_tiles_no_bias(device):
+    """A tile layout that pads heads (6 -> 8) and a wider N tile, no bias, fp16."""
+    x, w, _, freqs_cis = make_problem(device, bias=False, dtype=torch.float16)
+    config = QKVGemmConfig(block_m=16, block_n=64, block_k=16, heads_per_tile=8, group_m=2,
+                           num_stages=1, num_warps=4)
+    out = qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis), config=config)
+    err, tol = judge(out, x, w, None, freqs_cis)
+    assert err <= tol, (err, tol)
+
+
+def test_wrong_rotation_is_caught(device):
+    """A deliberately wrong epilogue (sin's sign flipped) must fail the check."""
+    x, w, b, freqs_cis = make_problem(device)
+    cos, sin = cos_sin_views(freqs_cis)
+    out = qkv_rope_linear(x, w, b, cos, -sin)
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err > 10 * tol
+
+
+def test_wrong_permutation_is_caught(device):
+    """Two rows of the permuted weight swapped (a wrong layout) must fail the check."""
+    x, w, b, freqs_cis = make_problem(device)
+    config = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
+    good = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=config.block_n,
+                              heads_per_tile=config.heads_per_tile)
+    weight = good.weight.clone()
+    weight[[0, config.block_n // 2]] = weight[[config.block_n // 2, 0]]  # an even/odd swap
+    bad = PermutedQKVWeight(weight, good.bias, HEADS, HEAD_DIM, good.block_n, good.heads_per_tile)
+    out = qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, permuted=bad)
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err > 10 * tol
+
+
+def test_angles_match_table(device):
+    """In-kernel angles from patch coordinates give the table's result."""
+    x, w, b, freqs_cis = make_problem(device)
+    table = qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis))
+    angles = qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
+                                    vision_rope_frequencies(HEAD_DIM, device=device))
+    err, tol = judge(angles, x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+    # cos/sin of the same fp32 angle may differ by an ulp between libraries:
+    # at most one bf16 rounding step apart, almost always identical
+    diff = (angles.float() - table.float()).abs()
+    ulp = table.float().abs().clamp(min=1e-30) * 2.0**-7
+    assert (diff <= ulp).all()
+    assert (diff == 0).float().mean() > 0.99
+
+
+def test_patch_coords_rebuild_the_table():
+    """coords x frequencies, in torch, is exactly Kimi's table: the angles variant's inputs."""
+    grids = [(1, 5, 7), (2, 2, 3)]
+    coords = vision_patch_coords(grids)
+    freqs = vision_rope_frequencies(HEAD_DIM)
+    assert coords.dtype == torch.int32 and coords.shape == (35 + 12, 2)
+    j = torch.arange(HEAD_DIM // 2)
+    pos = torch.where(j % 2 == 0, coords[:, 1:2], coords[:, 0:1]).float()
+    angle = pos * freqs[j // 2]
+    assert torch.equal(torch.polar(torch.ones_like(angle), angle),
+                       vision_freqs_cis(grids, HEAD_DIM))
+
+
+@pytest.mark.parametrize("layout", [(128, 16), (64, 8), (64, 16), (32, 2), (16, 8)])
+@pytest.mark.parametrize("heads,head_dim", [(16, 72), (2, 72), (3, 16), (1, 8)])
+def test_permutation_is_invertible(layout, heads, head_dim):
+    block_n, hpt = layout
+    w = torch.randn(3 * heads * head_dim, 8).bfloat16()
+    b = torch.randn(3 * heads * head_dim).bfloat16()
+    order = qkv_row_order(heads, head_dim, block_n, hpt)
+    kept = order[order >= 0]
+    assert torch.equal(kept.sort().values, torch.arange(3 * heads * head_dim)), \
+        "every row of W must appear exactly once"
+    permuted = permute_qkv_weight(w, b, heads, head_dim, block_n=block_n, heads_per_tile=hpt)
+    assert permuted.weight.shape[0] % block_n == 0
+    assert (permuted.weight[order < 0] == 0).all() and (permuted.bias[order < 0] == 0).all()
+    w_back, b_back = unpermute_qkv_weight(permuted)
+    assert torch.equal(w_back, w) and torch.equal(b_back, b.float())
+
+
+def test_permuted_tile_holds_pair_members():
+    """Row r of a Kimi tile is member r // 64 of pair r % 4 of head (r // 4) % 16."""
+    order = qkv_row_order(16, 72, 128, 16)
+    assert order.numel() == 3 * 16 * 72  # Kimi's layout needs no padding
+    tile = 9 + 2  # head block 1 (heads 16..31: k), pair block 2 (pairs 8..11)
+    rows = order[tile * 128:(tile + 1) * 128]
+    r = torch.arange(128)
+    head = 16 + (r // 4) % 16
+    pair = 8 + r % 4
+    assert torch.equal(rows, head * 72 + 2 * pair + r // 64)
+
+
+def test_tile_layout_heuristic():
+    assert tile_layout(16, 72) == (128, 16)  # Kimi: 27 tiles of 16 heads x 4 pairs
+    assert tile_layout(12, 128) == (128, 4)  # 36 heads: 4 | 36, 16 pairs | 64
+    config = qkv_gemm_config(16, 72, torch.device("cuda"))
+    assert (config.block_n, config.heads_per_tile, config.pairs_per_tile) == (128, 16, 4)
+
+
+def test_weight_cache_follows_updates(device):
+    """Permuted once per weight; an in-place update of W rebuilds it."""
+    from rope_kernels.kernels.qkv_gemm import cached_permuted_weight
+
+    x, w, b, freqs_cis = make_problem(device)
+    first = cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8)
+    assert cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8) is first
+    w.mul_(2)
+    again = cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8)
+    assert again is not first
+    assert torch.equal(unpermute_qkv_weight(again)[0], w)
+
+
+def test_rotating_projection_on_a_linear(device):
+    x, w, b, freqs_cis = make_problem(device)
+    linear = torch.nn.Linear(HIDDEN, 3 * HEADS * HEAD_DIM).to(device=device, dtype=x.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        linear.bias.copy_(b)
+    out = rotating_qkv_projection(linear, x, *cos_sin_views(freqs_cis), HEADS)
+    cached = linear.qkv_rope_weight[1]
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+    rotating_qkv_projection(linear, x[:5], *(t[:5] for t in cos_sin_views(freqs_cis)), HEADS)
+    assert linear.qkv_rope_weight[1] is cached, "built once per module"
+
+
+def test_encoder_gemm_epilogue_matches_fused(device):
+    """The encoder with RoPE in the QKV epilogue computes what it computes with the
+    standalone fused kernel (up to bf16 rounding of q/k, which the epilogue skips)."""
+    from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
+
+    cfg = EncoderConfig.small().with_layers(1)
+    model = MoonViTEncoder(cfg, device=device)
+    inp = encoder_inputs([(1, 2, 4)], cfg, device=device)
+    fused = model(inp.patches, inp.grids, rope="fused").float()
+    gemm = model(inp.patches, inp.grids, rope="gemm_epilogue").float()
+    none = model(inp.patches, inp.grids, rope="none").float()
+    diff = (gemm - fused).norm() / fused.norm()
+    assert diff < 2e-2, diff
+    assert (none - fused).norm() / fused.norm() > 5 * diff, "RoPE must matter in this check"
+
+
+BAD_INPUTS = {
+    "x fp32": (lambda x, w, b, c, s: (x.float(), w, b, c, s), TypeError, "x must be bfloat16"),
+    "x 3-D": (lambda x, w, b, c, s: (x[None], w, b, c, s), ValueError, "x must be 2-D"),
+    "w dtype": (lambda x, w, b, c, s: (x, w.half(), b, c, s), TypeError, "w_qkv dtype"),
+    "w not contiguous": (lambda x, w, b, c, s: (x, w.T.contiguous().T, b, c, s), ValueError,
+                         "w_qkv must be contiguous"),
+    "w hidden": (lambda x, w, b, c, s: (x[:, :32], w, b, c, s), ValueError, "w_qkv must have shape"),
+    "bias shape": (lambda x, w, b, c, s: (x, w, b[:-1], c, s), ValueError, "b_qkv must have shape"),
+    "cos fp64": (lambda x, w, b, c, s: (x, w, b, c.double(), s), TypeError, "cos must be float32"),
+    "cos tokens": (lambda x, w, b, c, s: (x, w, b, c[:-1], s[:-1]), ValueError, "cos must have shape"),
+    "sin shape": (lambda x, w, b, c, s: (x, w, b, c, s[:, :-1]), ValueError, "cos and sin differ"),
+    "head_dim": (lambda x, w, b, c, s: (x, w, b, c[:, :-1], s[:, :-1]), ValueError, "head_dim"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs(case):
+    x, w, b, freqs_cis = make_problem("cpu", seed=0)
+    change, error, message = BAD_INPUTS[case]
+    args = change(x, w, b, *cos_sin_views(freqs_cis))
+    with pytest.raises(error, match=message):
+        qkv_rope_linear(*args)
+
+
+def test_bad_angles_inputs_and_settings():
+    x, w, b, freqs_cis = make_problem("cpu", seed=0)
+    coords = vision_patch_coords(GRIDS)
+    freqs = vision_rope_frequencies(HEAD_DIM)
+    with pytest.raises(TypeError, match="coords must be int32"):
+        qkv_rope_linear_angles(x, w, b, coords.long(), freqs)
+    with pytest.raises(ValueError, match="coords must be contiguous with shape"):
+        qkv_rope_linear_angles(x, w, b, coords[:-1], freqs)
+    with pytest.raises(ValueError, match="freqs must be a contiguous float32"):
+        qkv_rope_linear_angles(x, w, b, coords, freqs.double())
+    with pytest.raises(ValueError, match="head_dim 68"):
+        qkv_rope_linear_angles(x, w, b, coords, freqs[:-1])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        permute_qkv_weight(w[:3 * 2 * 70], None, 2, 70)
+    with pytest.raises(ValueError, match="block_n .* heads_per_tile"):
+        QKVGemmConfig(block_n=16, heads_per_tile=16)
+    with pytest.raises(ValueError, match="power of two"):
+        QKVGemmConfig(block_m=96)
+    with pytest.raises(TypeError, match="config must be a QKVGemmConfig"):
+        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config={"block_m": 16})
+    permuted = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=4)
+    with pytest.raises(ValueError, match="does not match the config"):
+        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis),
+                        config=QKVGemmConfig(block_n=64, heads_per_tile=8), permuted=permuted)
+    with pytest.raises(ValueError, match="disagree on whether there is a bias"):
+        qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis),
+                        config=QKVGemmConfig(block_n=32, heads_per_tile=4), permuted=permuted)
