@@ -1,4 +1,5 @@
-"""Command line: ``python -m rope_kernels {run,wheelhouse,peers,refresh-notebooks,index}``."""
+"""Command line: ``python -m rope_kernels {run,wheelhouse,peers,refresh-notebooks,index,submit,
+compile-matrix}``."""
 
 from __future__ import annotations
 
@@ -77,6 +78,88 @@ def _refresh(args) -> int:
     return 0
 
 
+def _submit(args) -> int:
+    from rope_kernels.study import submit as sb
+    from rope_kernels.study.runner import ParameterError
+
+    try:
+        if args.task is not None:
+            return sb.run_task(Path(args.state), args.task, args.runner_args)
+        state = Path(args.state) if args.state else None
+        if args.finish or args.status or args.missing:
+            state = state or sb.latest_state()
+            if args.finish:
+                sb.finish(state)
+            elif args.status:
+                print(sb.shard_status(state).to_string(index=False))
+            else:
+                sb.resubmit_missing(state, dry_run=args.dry_run)
+            return 0
+        opts = sb.SlurmOptions(
+            partitions=tuple(sb.Partition.parse(p, args.device) for p in args.partition or ()),
+            account=args.account, time_limit=args.time, gpus_per_task=args.gpus_per_task,
+            constraint=args.constraint, cpus_per_task=args.cpus_per_task, mem=args.mem,
+            max_running=args.max_running, summary_partition=args.summary_partition,
+            job_name=args.job_name, sbatch_lines=tuple(args.sbatch or ()), venv=args.venv,
+            conda_env=args.conda_env, modules=tuple(args.module or ()),
+            setup_lines=tuple(args.setup or ()), python=args.python)
+        sb.submit(opts, only=args.only, params_file=args.params, overrides=args.param or (),
+                  name=args.name, dry_run=args.dry_run)
+    except (ParameterError, sb.SubmitError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _compile_matrix(args) -> int:
+    from rope_kernels.bench.compile_matrix import COMPILE_MATRIX_CSV, write_compile_matrix
+
+    try:
+        write_compile_matrix(args.out or COMPILE_MATRIX_CSV)
+    except RuntimeError as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+DESCRIPTION = ("Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5): run the notebooks for "
+               "this machine's device, rebuild the index, refresh the notebooks' stored outputs, "
+               "or prepare offline GPU nodes. `rope-study run --help` lists the notebooks and "
+               "their parameters.")
+
+
+def _run_epilog() -> str:
+    """The notebooks, their parameters with defaults, and where results go."""
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.runner import NOTEBOOKS, RUNNER_PARAMS, notebook_parameters
+
+    lines = ["notebooks (in this order; --only takes a name or prefix, e.g. 02) and their "
+             "parameters with defaults (the small CPU configuration):"]
+    for nb in NOTEBOOKS:
+        try:
+            params = notebook_parameters(REPO_ROOT / "notebooks" / f"{nb}.ipynb")
+        except Exception as exc:  # help must print even when a notebook cannot be read
+            lines.append(f"  {nb}: (parameters unreadable: {exc})")
+            continue
+        lines.append(f"  {nb}")
+        for name, default in params.items():
+            if name not in RUNNER_PARAMS:
+                lines.append(f"      {name} = {default!r}")
+    lines += [
+        "",
+        "values: params/<cpu|cuda|rocm>.yaml for the detected device, then --params FILE, then",
+        "-p NAME=VALUE (every notebook that has NAME) or -p NOTEBOOK.NAME=VALUE; values are YAML.",
+        f"set by the runner: {', '.join(RUNNER_PARAMS)}.",
+        "",
+        "writes: data/<device>/*.csv (rows upserted by key), reports/<device>/<notebook>.ipynb",
+        "and .html, reports/<device>/traces/; a failed notebook leaves",
+        "reports/<device>/<notebook>.failed.ipynb. reports/index.html lists committed devices.",
+        "",
+        "example: rope-study run --only 02 -p samples=50 -p 02_microbench.modes='[eager]'",
+    ]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rope-study", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +191,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("index", help="rebuild reports/index.html from reports/ and data/")
     i.set_defaults(func=_index)
+
+    s = sub.add_parser("submit", help="run the study as a Slurm job array (one task per "
+                       "notebook shard) plus a summary job; or --status / --missing")
+    s.add_argument("--partition", action="append", metavar="NAME[=KIND[:GPU_TYPE]]",
+                   help="a partition to run every shard on (repeatable), e.g. h200 or "
+                        "mi300x=rocm or gpu=cuda:h100; KIND picks params/<kind>.yaml")
+    s.add_argument("--device", default="cuda", choices=("cuda", "rocm", "cpu"),
+                   help="device kind of partitions named without one (default cuda)")
+    s.add_argument("--account", default="")
+    s.add_argument("--time", default="01:00:00", help="time limit per task (default 01:00:00)")
+    s.add_argument("--gpus-per-task", type=int, default=1, help="GPUs per task (--gres), 0: none")
+    s.add_argument("--constraint", default="", help="sbatch --constraint, e.g. a GPU feature")
+    s.add_argument("--cpus-per-task", type=int, default=4)
+    s.add_argument("--mem", default="", help="sbatch --mem, e.g. 64G")
+    s.add_argument("--max-running", type=int, default=0, help="at most N tasks at once (%%N)")
+    s.add_argument("--summary-partition", default="", help="default: the first --partition")
+    s.add_argument("--job-name", default="rope-study")
+    s.add_argument("--sbatch", action="append", metavar="OPTION",
+                   help="another #SBATCH option, e.g. --qos=short (repeatable)")
+    s.add_argument("--venv", default="", help="virtual environment to activate in every job")
+    s.add_argument("--conda-env", default="", help="conda environment to activate")
+    s.add_argument("--module", action="append", help="module to load (repeatable)")
+    s.add_argument("--setup", action="append", metavar="LINE",
+                   help="a shell line run before the study (repeatable)")
+    s.add_argument("--python", default="", help="interpreter in the jobs (default: python "
+                   "after an activation, else this one)")
+    s.add_argument("--params", type=Path, help="a YAML file of parameters (as for run)")
+    s.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="as for run")
+    s.add_argument("--only", action="append", metavar="NOTEBOOK", help="as for run")
+    s.add_argument("--name", help="submission name (default: the time), state in slurm/<name>/")
+    s.add_argument("--dry-run", action="store_true", help="print the scripts, submit nothing")
+    s.add_argument("--state", help="a submission's folder (default: the latest under slurm/)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--status", action="store_true", help="print every shard's status")
+    mode.add_argument("--missing", action="store_true",
+                      help="re-submit only the shards that are missing (failed, killed, no rows)")
+    mode.add_argument("--finish", action="store_true", help=argparse.SUPPRESS)  # summary job
+    mode.add_argument("--task", type=int, help=argparse.SUPPRESS)  # inside an array task
+    s.add_argument("runner_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    s.set_defaults(func=_submit)
+
+    c = sub.add_parser("compile-matrix", help="compile every Triton kernel for gfx942, gfx90a, "
+                       "sm_90 and sm_100 (no GPU needed); data/compile/compile_matrix.csv")
+    c.add_argument("--out", type=Path, default=None, help="CSV path (default: data/compile/...)")
+    c.set_defaults(func=_compile_matrix)
 
     n = sub.add_parser("refresh-notebooks",
                        help="re-execute notebooks with their default (CPU) parameters, in place")

@@ -1,0 +1,316 @@
+"""Every Triton kernel the project owns, compiled ahead of time for GPUs this
+machine does not have: AMD MI300X (gfx942) and MI250 (gfx90a), NVIDIA H100/H200
+(sm_90) and B200 (sm_100).
+
+What this proves: Triton's own compiler (``triton.compile``, the same passes a
+launch on that GPU runs) accepts each kernel for each target and yields a
+binary (hsaco or cubin), with the register count, spills, scratch and shared
+memory the target's assembler reports. What it does not prove: that the binary
+computes the right numbers or how fast it runs there; that needs the GPU.
+
+Each kernel is compiled with exactly the arguments its launcher passes: the
+launcher is called on ``meta`` tensors (shapes, strides and alignment, no
+data) with the kernel swapped for a recorder, and Triton's own binder turns the
+recorded call into the signature, constexprs and specialisations (16-byte
+divisibility) a real launch would compile. So the launch config is the one the
+launcher's heuristic picks, and a launcher change is compiled as it launches.
+
+The compiler only exists outside the interpreter; ``rope_kernels`` turns the
+interpreter on for CPU machines, so ``write_compile_matrix`` runs the work in a
+subprocess with ``TRITON_INTERPRET=0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import pandas as pd
+import torch
+
+from rope_kernels.study.devices import REPO_ROOT
+
+COMPILE_MATRIX_CSV = REPO_ROOT / "data" / "compile" / "compile_matrix.csv"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU architecture Triton can compile for without the GPU present."""
+
+    backend: str  # "hip" | "cuda"
+    arch: str | int  # "gfx942" | 90
+    warp_size: int
+    gpus: str  # which GPUs it stands for, for the reader
+
+    @property
+    def label(self) -> str:
+        return self.arch if self.backend == "hip" else f"sm_{self.arch}"
+
+
+TARGETS = (
+    Target("hip", "gfx942", 64, "AMD MI300X / MI300A / MI325X"),
+    Target("hip", "gfx90a", 64, "AMD MI250X / MI210"),
+    Target("cuda", 90, 32, "NVIDIA H100 / H200"),
+    Target("cuda", 100, 32, "NVIDIA B200 / GB200"),
+)
+
+# The study's shapes per head_dim: Kimi-K2.5 at TP 1 and 8 (16 and 2 heads of 72),
+# the 80-wide head of the CUDA profile, the PR table's 12 and 3 heads of 128.
+HEADS_BY_HEAD_DIM = {72: (16, 2), 80: (2,), 128: (12, 3)}
+DTYPES = ("bfloat16", "float16", "float32")
+# Exit status of the module when it ran but a compile failed (a crash exits 1).
+EXIT_COMPILE_FAILED = 3
+# Only the merged path's kernel specialises on the token count (divisible by 16 or not).
+TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """A project kernel, found as ``module.kernel``, launched by ``launch(tokens,
+    heads, head_dim, dtype)`` on meta tensors through the project's own launcher."""
+
+    name: str
+    module: str
+    kernel: str
+    launch: Callable[[int, int, int, torch.dtype], None]
+    dtypes: Sequence[str] = DTYPES
+    heads_by_head_dim: dict[int, Sequence[int]] | None = None  # None: the study's shapes
+
+
+def _packed_qk(tokens: int, heads: int, head_dim: int, dtype: torch.dtype):
+    """q, k as the vision tower hands them over: views of a packed (T, 3, H, D) qkv,
+    and complex64 freqs_cis (T, D/2)."""
+    qkv = torch.empty(tokens, 3, heads, head_dim, dtype=dtype, device="meta")
+    q, k, _ = qkv.unbind(1)
+    freqs_cis = torch.empty(tokens, head_dim // 2, dtype=torch.complex64, device="meta")
+    return q, k, freqs_cis
+
+
+def _launch_fused(tokens, heads, head_dim, dtype):
+    from rope_kernels.variants import fused_rope
+
+    fused_rope(*_packed_qk(tokens, heads, head_dim, dtype))
+
+
+def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
+    from rope_kernels.kernels.vllm_merged_recreated import apply_rotary_interleaved
+
+    # What the merged path hands its rotary kernel: q upcast, cos/sin copied out.
+    q, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
+    apply_rotary_interleaved(q.float(), freqs_cis.real.contiguous(), freqs_cis.imag.contiguous())
+
+
+KERNELS = (
+    KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_kernel", _launch_fused),
+    # The merged path upcasts q and k to fp32 before its rotary kernel: fp32 is the
+    # only variant it launches, whatever the model's dtype.
+    KernelEntry("vllm_merged_recreated", "rope_kernels.kernels.vllm_merged_recreated",
+                "_rotary_interleaved_kernel", _launch_vllm_merged_recreated, dtypes=("float32",)),
+    # The QKV GEMM joins with one line once it lands, e.g.
+    # KernelEntry("qkv_gemm", "rope_kernels.kernels.qkv_gemm", "<its kernel>", <its launch>),
+)
+
+
+class _LaunchRecorder:
+    """Stands in for a JITFunction: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def recorded_launch(entry: KernelEntry, tokens: int, heads: int, head_dim: int, dtype: str):
+    """(kernel, args, kwargs) of the first launch the entry's launcher makes."""
+    module = importlib.import_module(entry.module)
+    kernel = getattr(module, entry.kernel)
+    recorder = _LaunchRecorder()
+    with mock.patch.object(module, entry.kernel, recorder):
+        entry.launch(tokens, heads, head_dim, getattr(torch, dtype))
+    if not recorder.calls:
+        raise RuntimeError(f"{entry.name}'s launcher did not launch {entry.module}.{entry.kernel}")
+    _, args, kwargs = recorder.calls[0]
+    return kernel, args, kwargs
+
+
+_PTXAS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "scratch_bytes": re.compile(r"(\d+) bytes stack frame"),
+    "spill_store_bytes": re.compile(r"(\d+) bytes spill stores"),
+    "spill_load_bytes": re.compile(r"(\d+) bytes spill loads"),
+}
+_AMDGCN = {
+    "registers": re.compile(r"^\s*\.vgpr_count:\s+(\d+)", re.M),
+    "sgprs": re.compile(r"^\s*\.sgpr_count:\s+(\d+)", re.M),
+    "spilled_vgprs": re.compile(r"^\s*\.vgpr_spill_count:\s+(\d+)", re.M),
+    "spilled_sgprs": re.compile(r"^\s*\.sgpr_spill_count:\s+(\d+)", re.M),
+    "scratch_bytes": re.compile(r"; ScratchSize: (\d+)"),
+    "waves_per_simd": re.compile(r"; Occupancy: (\d+)"),
+}
+
+
+def _first_int(pattern: re.Pattern, text: str):
+    m = pattern.search(text)
+    return int(m.group(1)) if m else None
+
+
+def compile_for_target(kernel, args, kwargs, target: Target) -> dict:
+    """Compile one recorded launch for one target; the resources its assembler reports."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    if not hasattr(kernel, "params"):
+        raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): nothing to compile; "
+                           "run write_compile_matrix() or `python -m rope_kernels compile-matrix`")
+    gpu = GPUTarget(target.backend, target.arch, target.warp_size)
+    backend = make_backend(gpu)
+    # What JITFunction.run does before compiling: bind, specialise, pack.
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    log = io.StringIO()
+    # ptxas' -v report is printed only when asked for, and only on a cache miss.
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.always_compile = True
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                                  target=gpu, options=options.__dict__)
+    row = {"shared_bytes": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps}
+    if target.backend == "hip":
+        asm = compiled.asm["amdgcn"]
+        row.update({k: _first_int(p, asm) for k, p in _AMDGCN.items()})
+        row["spilled_registers"] = (row.pop("spilled_vgprs") or 0) + (row.pop("spilled_sgprs") or 0)
+        row["spills"] = row["spilled_registers"] > 0 or (row["scratch_bytes"] or 0) > 0
+        row["binary"], row["binary_bytes"] = "hsaco", len(compiled.asm["hsaco"])
+    else:
+        report = log.getvalue()
+        row.update({k: _first_int(p, report) for k, p in _PTXAS.items()})
+        if row["registers"] is None:
+            raise RuntimeError(f"no ptxas register report for {kernel.__name__} on {target.label}")
+        row["spill_bytes"] = row.pop("spill_store_bytes") + row.pop("spill_load_bytes")
+        row["spills"] = row["spill_bytes"] > 0 or (row["scratch_bytes"] or 0) > 0
+        row["binary"], row["binary_bytes"] = "cubin", len(compiled.asm["cubin"])
+    row["constexprs"] = json.dumps({k: v for k, v in kwargs.items() if k != "num_warps"},
+                                   sort_keys=True)
+    return row
+
+
+def _resources(row: dict) -> str:
+    spills = "SPILLS" if row["spills"] else "no spills"
+    return f"{row['registers']:.0f} regs, {spills}, {row['shared_bytes']:.0f} B shared"
+
+
+def compile_matrix(kernels: Sequence[KernelEntry] = KERNELS,
+                   targets: Sequence[Target] = TARGETS, log=print) -> pd.DataFrame:
+    """One row per kernel x shape x dtype x target; a failed compile is a row with
+    ``compiled`` False and the compiler's message, not an exception."""
+    from rope_kernels.study.devices import git_commit, triton_version
+
+    provenance = {"triton_version": triton_version(), "torch_version": torch.__version__,
+                  "git_commit": git_commit()}
+    rows = []
+    for entry in kernels:
+        for head_dim, heads_list in (entry.heads_by_head_dim or HEADS_BY_HEAD_DIM).items():
+            for heads in heads_list:
+                for dtype in entry.dtypes:
+                    kernel, args, kwargs = recorded_launch(entry, TOKENS, heads, head_dim, dtype)
+                    for target in targets:
+                        row = {"kernel": entry.name, "triton_kernel": entry.kernel,
+                               "target": target.label, "backend": target.backend,
+                               "warp_size": target.warp_size, "gpus": target.gpus,
+                               "tokens": TOKENS, "heads": heads, "head_dim": head_dim,
+                               "dtype": dtype}
+                        try:
+                            row.update(compile_for_target(kernel, args, kwargs, target),
+                                       compiled=True, error="")
+                        except Exception as exc:  # recorded, and the caller fails on it
+                            # Triton's message quotes the source first, the cause last.
+                            message = " ".join(f"{exc} {exc.__cause__ or ''}".split())
+                            row.update(compiled=False,
+                                       error=f"{type(exc).__name__}: {message[-400:]}")
+                        rows.append({**row, **provenance})
+                        log(f"{entry.name:21s} {heads:2d}x{head_dim:<3d} {dtype:8s} "
+                            f"{target.label:7s} " + (
+                                _resources(row) if row["compiled"]
+                                else f"FAILED {row['error'][-160:]}"))
+    return pd.DataFrame(rows)
+
+
+def load_entries(spec: str) -> Sequence[KernelEntry]:
+    """'package.module:NAME' -> the KernelEntry sequence it names."""
+    module, _, name = spec.partition(":")
+    entries = getattr(importlib.import_module(module), name or "KERNELS")
+    if not all(isinstance(e, KernelEntry) for e in entries):
+        raise TypeError(f"{spec} must be a sequence of KernelEntry")
+    return entries
+
+
+def write_compile_matrix(csv_path: Path = COMPILE_MATRIX_CSV, *, entries: str | None = None,
+                         timeout_s: float = 900, extra_env: dict | None = None) -> pd.DataFrame:
+    """Run the matrix with the real compiler (a subprocess with the interpreter off)
+    and replace ``csv_path`` with its table. Raises RuntimeError if any compile failed.
+
+    ``entries``: 'module:NAME' of other KernelEntry objects than ``KERNELS``."""
+    csv_path = Path(csv_path)
+    env = {**os.environ, **(extra_env or {}), "TRITON_INTERPRET": "0"}
+    with tempfile.TemporaryDirectory() as tmp:
+        # A private cache: every kernel is really compiled, none read back from disk.
+        env["TRITON_CACHE_DIR"] = tmp
+        proc = subprocess.run([sys.executable, "-m", "rope_kernels.bench.compile_matrix",
+                               str(csv_path), *([entries] if entries else [])], env=env, cwd=REPO_ROOT, timeout=timeout_s,
+                              text=True, capture_output=True)
+    print(proc.stdout, end="")
+    if proc.returncode not in (0, EXIT_COMPILE_FAILED):
+        raise RuntimeError(f"compile matrix crashed (exit {proc.returncode}):\n{proc.stderr}")
+    table = pd.read_csv(csv_path)
+    failed = table[~table["compiled"]]
+    if len(failed):
+        raise RuntimeError(f"{len(failed)} of {len(table)} compiles failed:\n"
+                           + failed[["kernel", "heads", "head_dim", "dtype", "target",
+                                     "error"]].to_string(index=False))
+    return table
+
+
+def compile_matrix_table(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
+    """The stored matrix, wide for reading: registers / spills / shared bytes per target."""
+    table = pd.read_csv(csv_path)
+    order = [t.label for t in TARGETS]
+    table["cell"] = [_resources(r) if r["compiled"] else "FAILED"
+                     for r in table.to_dict("records")]
+    wide = table.pivot_table(index=["kernel", "heads", "head_dim", "dtype"], columns="target",
+                             values="cell", aggfunc="first")
+    return wide[[t for t in order if t in wide.columns]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rope_kernels.study.results import write_atomic
+
+    argv = sys.argv[1:] if argv is None else argv
+    csv_path = Path(argv[0]) if argv else COMPILE_MATRIX_CSV
+    table = compile_matrix(load_entries(argv[1]) if len(argv) > 1 else KERNELS)
+    write_atomic(csv_path, table.to_csv(index=False))
+    print(f"{int(table['compiled'].sum())}/{len(table)} compiled -> {csv_path}")
+    return 0 if table["compiled"].all() else EXIT_COMPILE_FAILED
+
+
+if __name__ == "__main__":
+    # Through the imported module, so its KernelEntry is the one entry files import.
+    from rope_kernels.bench.compile_matrix import main as _main
+
+    sys.exit(_main())
