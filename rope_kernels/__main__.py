@@ -46,17 +46,13 @@ def _peers(args) -> int:
 
 
 def _run(args) -> int:
-    import logging
+    from rope_kernels.study.results import ResultFileError
+    from rope_kernels.study.runner import NotebookError, ParameterError, run_study
 
-    from rope_kernels.study.runner import ParameterError, run_study
-
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    # Stream what the notebooks print (their sweep progress bars included) as they run.
-    logging.getLogger("papermill").setLevel(logging.INFO)
     try:
         run_study(device=args.device, params_file=args.params, overrides=args.param or (),
-                  only=args.only, keep_inputs=args.keep_inputs)
-    except (ParameterError, RuntimeError) as exc:
+                  only=args.only, keep_inputs=args.keep_inputs, verbose=args.verbose)
+    except (ParameterError, NotebookError, ResultFileError, TimeoutError, RuntimeError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -72,7 +68,13 @@ def _index(args) -> int:
 
 def _refresh(args) -> int:
     from rope_kernels.study.notebooks import refresh_notebooks
+    from rope_kernels.study.runner import ParameterError, select_notebooks
 
+    try:
+        select_notebooks(args.only)  # a name that matches no notebook is an error
+    except ParameterError as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
     for path in refresh_notebooks(args.only):
         print(f"refreshed {path}")
     return 0
@@ -161,7 +163,7 @@ def _run_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rope-study", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rope-study", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("wheelhouse", help="download the notebook toolchain as wheels for offline nodes")
     w.add_argument("--python", default="3.12", help="the node's Python version, e.g. 3.12")
@@ -180,16 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--force", action="store_true", help="re-fetch even when the cache is valid")
     pe.set_defaults(func=_peers)
 
-    r = sub.add_parser("run", help="execute every notebook for this device; reports/ and data/")
+    r = sub.add_parser("run", help="execute every notebook for this device; reports/ and data/",
+                       description="Execute the study's notebooks for this machine's device.",
+                       epilog=_run_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--device", default="auto", help="auto (default), cpu, cuda or rocm")
     r.add_argument("--params", type=Path, help="a YAML file of parameters (over the device profile)")
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
                    help="one parameter, for every notebook that has it (NOTEBOOK.NAME=VALUE for one)")
     r.add_argument("--only", action="append", metavar="NOTEBOOK", help="run just this notebook (repeatable)")
     r.add_argument("--keep-inputs", action="store_true", help="show code cells in the HTML reports")
+    r.add_argument("-v", "--verbose", action="store_true",
+                   help="stream every cell's output and the kernel's messages")
     r.set_defaults(func=_run)
 
-    i = sub.add_parser("index", help="rebuild reports/index.html from reports/ and data/")
+    i = sub.add_parser("index", help="rebuild reports/index.html from the devices whose results "
+                       "git tracks (data/<device>/, reports/<device>/)")
     i.set_defaults(func=_index)
 
     s = sub.add_parser("submit", help="run the study as a Slurm job array (one task per "
@@ -239,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("refresh-notebooks",
                        help="re-execute notebooks with their default (CPU) parameters, in place")
-    n.add_argument("--only", action="append", metavar="NOTEBOOK")
+    n.add_argument("--only", action="append", metavar="NOTEBOOK",
+                   help="just this notebook (name or prefix, e.g. 05; repeatable)")
     n.set_defaults(func=_refresh)
     return parser
 

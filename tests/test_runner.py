@@ -30,7 +30,7 @@ def test_every_notebook_has_its_parameters_cell_first():
 @pytest.mark.parametrize("kind", ["cpu", "cuda", "rocm"])
 def test_device_profiles_are_valid(kind):
     layer = load_profile(ROOT / "params" / f"{kind}.yaml")
-    resolved = resolve_parameters(list(NOTEBOOKS), SPECS, [(kind, layer)], [])
+    resolved = resolve_parameters(list(NOTEBOOKS), SPECS, [(kind, layer)], [], kind)
     assert set(resolved) == set(NOTEBOOKS)
 
 
@@ -157,3 +157,180 @@ def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
     assert "torch" not in cmd and "triton" not in cmd
     with pytest.raises(ValueError, match="--python"):
         pip_download_command(tmp_path, "python3", "manylinux_2_28_x86_64", TOOLCHAIN)
+
+
+# Values are checked before anything runs, with the typo check's exit code and one line --
+
+@pytest.mark.parametrize("override, match", [
+    ("samples=0", "02_microbench.samples must be >= 1, got 0"),
+    ("02_microbench.modes=[]", "modes must not be empty"),
+    ("dtypes=[]", "01_kernels.dtypes must not be empty"),
+    ("families=[]", "families must not be empty"),
+    ("image_counts=[]", "image_counts must not be empty"),
+    ("shapes=[]", "shapes must not be empty"),
+    ("04_ttft.resolutions=[]", "resolutions must not be empty"),
+    ("03_profile.layers=-1", "03_profile.layers must be >= 1, got -1"),
+    ("04_ttft.layers=-1", "04_ttft.layers must be >= 0"),
+    ("03_profile.head_dim=7", "positive even"),
+    ("shapes=[[4, 2, 9]]", "positive even"),
+    ("shapes=[[0, 2, 8]]", "tokens and heads must be >= 1"),
+    ("families=[{tokens: [8], heads: [0], head_dim: 8}]", "heads must hold ints >= 1"),
+    ("families=[{tokens: [8], heads: [2]}]", "each family must be"),
+    ("02_microbench.modes=[graph]", "unknown mode 'graph'"),
+    ("04_ttft.modes=[cudagraph_warm]", "unknown mode 'cudagraph_warm'"),
+    ("dtypes=[float64]", "unknown dtype 'float64'"),
+    ("03_profile.dtype=int8", "must be one of float32"),
+    ("04_ttft.resolutions=['100']", "1024x1024"),
+    ("image_counts=[0]", "must hold ints >= 1"),
+    ("encoder=huge", "must be one of small, kimi_k25"),
+    ("attention=flash3", "must be one of auto"),
+])
+def test_bad_values_are_refused_before_anything_runs(override, match):
+    with pytest.raises(ParameterError, match=match):
+        resolve_parameters(list(NOTEBOOKS), SPECS, [], [override], "cuda")
+
+
+def test_gpu_only_modes_are_refused_on_a_cpu():
+    with pytest.raises(ParameterError, match="cudagraph needs a GPU"):
+        resolve_parameters(["02_microbench"], SPECS, [], ["02_microbench.modes=[cudagraph]"], "cpu")
+    with pytest.raises(ParameterError, match="cudagraph needs a GPU"):
+        resolve_parameters(["04_ttft"], SPECS, [], ["modes=[eager, cudagraph]"], "cpu")
+    ok = resolve_parameters(["02_microbench"], SPECS, [], ["modes=[cudagraph]"], "cuda")
+    assert ok["02_microbench"]["modes"] == ["cudagraph"]
+
+
+def test_a_later_layer_replaces_a_bad_value():
+    layer = {"02_microbench": {"modes": ["cudagraph"]}}
+    r = resolve_parameters(["02_microbench"], SPECS, [("gpu.yaml", layer)], ["modes=[eager]"], "cpu")
+    assert r["02_microbench"]["modes"] == ["eager"]
+
+
+def _one_error_line(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("rope-study: error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_readme_cudagraph_example_on_a_cpu_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
+    before = _tree_snapshot()
+    assert main(["run", "--only", "02", "-p", "samples=50",
+                 "-p", "02_microbench.modes=[cudagraph]"]) == 2
+    err = _one_error_line(capsys)
+    assert err.count("\n") == 1 and "cudagraph needs a GPU" in err
+    assert main(["run", "--device", "cpu", "-p", "02_microbench.samples=0"]) == 2
+    assert _one_error_line(capsys).count("\n") == 1
+    assert _tree_snapshot() == before
+
+
+def _tree_snapshot():
+    return sorted((p, p.stat().st_mtime_ns) for d in ("reports", "data")
+                  for p in (ROOT / d).rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"02_microbench: {samples: 3\n", "not valid YAML"),
+    (b"02_microbench:\n\tsamples: 3\n", "not valid YAML.*\\\\t"),
+    (b"\xff\xfe02_microbench: {}\n", "not UTF-8"),
+    (b"common: !!python/object/apply:os.system [echo hi]\n", "not valid YAML.*python"),
+    (b"[1, 2]\n", "expected a mapping"),
+    (None, "is not a file"),
+])
+def test_params_file_errors_are_one_line(tmp_path, capsys, content, match):
+    path = tmp_path / "p.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["run", "--device", "cpu", "--params", str(path)]) == 2
+    err = _one_error_line(capsys)
+    assert err.count("\n") == 1, err
+    import re
+    assert re.search(match, err), err
+
+
+def test_refresh_notebooks_with_an_unknown_name_is_an_error(capsys):
+    assert main(["refresh-notebooks", "--only", "07_typo"]) == 2
+    assert "07_typo" in _one_error_line(capsys)
+
+
+def test_help_lists_notebooks_parameters_defaults_and_outputs(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top and "run --help" in top
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    for nb in NOTEBOOKS:
+        assert nb in text
+    assert "samples = 3" in text and "modes = ['eager']" in text
+    assert "data/<device>/" in text and "reports/<device>/" in text and "--verbose" in text
+
+
+# Terminal output: one line per notebook, a live progress bar on a terminal -------------
+
+class FakeTerminal:
+    def __init__(self, tty):
+        self.text, self.tty = "", tty
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_line_shows_only_the_latest_bar_on_a_terminal():
+    from rope_kernels.study.runner import ProgressLine
+
+    term = FakeTerminal(tty=True)
+    with ProgressLine("[2/5] 02_microbench", stream=term) as line:
+        line.write("\rmicrobench:  50%|#####     | 2/4 [00:01<00:01]")
+        line.write("/tmp/x.py:3: UserWarning: something noisy\n")
+        line.write("STAGE:2026-01-01 profiler noise\n")
+        line.write("\rmicrobench: 100%|##########| 4/4 [00:02<00:00]")
+    assert "UserWarning" not in term.text and "profiler" not in term.text
+    frames = term.text.split("\r")
+    assert any(f.endswith("[2/5] 02_microbench  microbench:  50%|#####     | 2/4 [00:01<00:01]")
+               for f in frames)
+    assert "100%" in term.text and "\n" not in term.text  # redrawn in place
+
+
+def test_progress_line_to_a_file_prints_one_line_and_verbose_everything():
+    from rope_kernels.study.runner import ProgressLine
+
+    log = FakeTerminal(tty=False)
+    with ProgressLine("[1/5] 01_kernels", stream=log) as line:
+        line.write("\rmicrobench:  50%|#####     | 2/4")
+        line.write("warning\n")
+    assert log.text == "[1/5] 01_kernels ...\n"
+    log = FakeTerminal(tty=True)
+    with ProgressLine("[1/5] 01_kernels", stream=log, verbose=True) as line:
+        line.write("cell output\n")
+    assert "cell output" in log.text
+
+
+def test_execute_notebook_keeps_cell_logs_off_the_terminal(tmp_path, monkeypatch):
+    import papermill
+
+    from rope_kernels.study import runner
+
+    seen = {}
+
+    def fake_execute(src, out, **kw):
+        seen.update(kw)
+        Path(out).write_text("{}")
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    runner.execute_notebook(tmp_path / "a.ipynb", tmp_path / "r" / "a.ipynb", {}, cwd=tmp_path)
+    assert seen["log_output"] is False and seen["progress_bar"] is False
+    assert "kernel_manager_class" in seen  # the kernel's own stderr is dropped
+    seen.clear()
+    runner.execute_notebook(tmp_path / "a.ipynb", tmp_path / "r" / "a.ipynb", {}, cwd=tmp_path,
+                            verbose=True)
+    assert "kernel_manager_class" not in seen
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["a.ipynb"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from rope_kernels.study.results import write_atomic
-from rope_kernels.study.summary import all_devices
+from rope_kernels.study.summary import all_devices, committed_device_folders
 
 _NETWORK = re.compile(r"(https?:)?//[\w.-]+\.[a-z]{2,}/", re.IGNORECASE)
 _SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>", re.IGNORECASE | re.DOTALL)
@@ -58,12 +58,22 @@ h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
 """
 
 
-def build_index(root: Path) -> Path:
-    """reports/index.html: every device's reports and a one-row-per-device summary."""
+def build_index(root: Path, device_folders: str = "committed") -> Path:
+    """reports/index.html: every device's reports and a one-row-per-device summary.
+
+    By default only devices whose results git tracks (``summary.all_devices``):
+    the index is a tracked file, so a local run (data/cpu) leaves it unchanged,
+    and the same committed data gives byte-identical output. The file is written
+    only when its content changes."""
     root = Path(root)
     reports = root / "reports"
-    devices = sorted(p for p in reports.iterdir() if p.is_dir()) if reports.exists() else []
-    summary = all_devices(root / "data")
+    devices_with_reports = sorted(p for p in reports.iterdir() if p.is_dir()) \
+        if reports.exists() else []
+    if device_folders == "committed" and reports.exists():
+        tracked = committed_device_folders(reports)
+        if tracked is not None:
+            devices_with_reports = [p for p in devices_with_reports if p.name in tracked]
+    summary = all_devices(root / "data", device_folders)
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              "<title>Vision RoPE kernel study: reports</title>",
              f"<style>{_CSS}</style></head><body>",
@@ -76,7 +86,7 @@ def build_index(root: Path) -> Path:
     else:
         parts.append(_summary_table(summary))
     parts.append("<h2>Reports</h2>")
-    for dev in devices:
+    for dev in devices_with_reports:
         pages = sorted(dev.glob("*.html"))
         if not pages:
             continue
@@ -87,7 +97,9 @@ def build_index(root: Path) -> Path:
         parts.append("</ul>")
     parts.append("</body></html>")
     out = reports / "index.html"
-    write_atomic(out, "\n".join(parts))
+    page = "\n".join(parts) + "\n"
+    if not out.exists() or out.read_text() != page:
+        write_atomic(out, page)
     return out
 
 
@@ -109,7 +121,27 @@ _COLUMNS = {
 }
 
 
+# Counts: shown as integers even where a missing value made their column float.
+_INTEGER_COLUMNS = ("kimi_tokens", "encoder_images")
+
+
 def _summary_table(summary: pd.DataFrame) -> str:
+    """The summary as an HTML table: counts as integers, measurements to 2 decimals,
+    missing values as '-' (one scalar per cell; anything else is a bug upstream)."""
     cols = [c for c in _COLUMNS if c in summary.columns]
-    table = summary[cols].rename(columns=_COLUMNS)
-    return table.to_html(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}", border=0)
+    for c in cols:
+        bad = [v for v in summary[c] if not pd.api.types.is_scalar(v)]
+        if bad:
+            raise TypeError(f"summary column {c!r} holds a {type(bad[0]).__name__}, not a value")
+
+    def cell(column: str, v) -> str:
+        if pd.isna(v):
+            return "-"
+        if column in _INTEGER_COLUMNS:
+            return f"{int(v)}"
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        return str(v)
+
+    table = pd.DataFrame({_COLUMNS[c]: [cell(c, v) for v in summary[c]] for c in cols})
+    return table.to_html(index=False, border=0)
