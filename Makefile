@@ -14,15 +14,19 @@ NBVAL      := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_
 .PHONY: study test test-gpu notebooks lab clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "Installing the study's environment into $(VENV) (once; about 90 s with a CPU torch) ..."
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q -c constraints.txt "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -c constraints.txt -e ".[notebooks,test,peers]"
 	$(PY) -m ipykernel install --sys-prefix --name rope-study --display-name "Python (rope-study)" >/dev/null
+	@echo "Installed; the notebooks' kernel is \"Python (rope-study)\"."
 	touch $@
 
 # Run every notebook for this machine's device; reports/<device>/, data/<device>/.
+# Writes nothing git tracks unless this device's results are committed; ARGS=--verbose
+# streams every cell's output.
 study: $(STAMP)
-	$(PY) -m rope_kernels run
+	$(PY) -m rope_kernels run $(ARGS)
 
 # CPU tier (Triton interpreter) + nbval regression of the notebooks.
 test: $(STAMP)
