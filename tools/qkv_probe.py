@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -110,12 +111,46 @@ def tflops(tokens: int, us: float) -> float:
     return 2 * tokens * HIDDEN * 3 * HIDDEN / (us * 1e-6) / 1e12
 
 
+def compile_max_autotune(tokens: int, rows: list, samples: int) -> None:
+    """torch.compile(mode="max-autotune") of linear then the cos/sin rotation: does
+    Inductor fuse the rotation into its GEMM's epilogue, and how fast is it?"""
+    from rope_kernels.kernels.reference import rope_cos_sin
+
+    def linear_rope(x, w, b, cos, sin):
+        qkv = F.linear(x, w, b).view(x.shape[0], 3, HEADS, HEAD_DIM)
+        q, k = rope_cos_sin(qkv[:, 0], qkv[:, 1], cos, sin)
+        return q, k, qkv[:, 2]
+
+    t1 = time.time()
+    try:
+        fn = torch.compile(linear_rope, mode="max-autotune", dynamic=False, fullgraph=True)
+        sets = [problem(tokens, seed=s) for s in range(2)]
+        arg_sets = [(x, w, b, *cos_sin_views(f)) for x, w, b, f, _ in sets]
+        fn(*arg_sets[0])
+        torch.cuda.synchronize()
+        compile_s = time.time() - t1
+        t = time_fn(fn, arg_sets, mode="cudagraph", samples=samples)
+    except Exception as e:
+        print(f"T={tokens:6d} compile_max_autotune FAILED after {time.time() - t1:.0f}s: "
+              f"{type(e).__name__}: {str(e)[-200:]}", flush=True)
+        return
+    rows.append({"variant": "compile_max_autotune", "config": f"compile {compile_s:.0f}s",
+                 "tokens": tokens, "median_us": t.median_us, "p20_us": t.p20_us,
+                 "p80_us": t.p80_us, "tflops": tflops(tokens, t.median_us)})
+    print(f"T={tokens:6d} compile_max_autotune (compiled in {compile_s:.0f}s) {t.median_us:8.1f} us",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer configs and samples")
     parser.add_argument("--configs", nargs="*", default=None)
     parser.add_argument("--tokens", type=int, nargs="*", default=[43808, 87616])
     parser.add_argument("--top", type=int, default=3, help="configs also timed with angles/bare")
+    parser.add_argument("--compile-tokens", type=int, default=87616,
+                        help="time torch.compile(max-autotune) of rope(linear(x)) here (0: skip)")
+    parser.add_argument("--compile-after-s", type=float, default=170,
+                        help="skip the compile stage if the run is already this old")
     args = parser.parse_args()
     out_dir = Path(os.environ.get("OUT", "qkv_probe_out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -124,8 +159,11 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
 
     t0 = time.time()
-    lines = check(5477, [configs[0], QKVGemmConfig(**{**configs[0].__dict__, "use_tma": False}),
-                         QKVGemmConfig(**{**configs[0].__dict__, "persistent": False})])
+    try:
+        lines = check(5477, [configs[0], QKVGemmConfig(**{**configs[0].__dict__, "use_tma": False}),
+                             QKVGemmConfig(**{**configs[0].__dict__, "persistent": False})])
+    except Exception as e:  # report and go on to the timings
+        lines = [f"CHECK ERROR {type(e).__name__}: {str(e)[-300:]}"]
     print("\n".join(lines), f"({time.time() - t0:.0f}s)", flush=True)
 
     a = torch.randn(8192, 8192, device="cuda").bfloat16()
@@ -144,7 +182,12 @@ def main() -> None:
                       for x, w, b, _, c in sets]
 
         def record(name, fn, arg_sets, cfg=None):
-            t = time_fn(fn, arg_sets, mode="cudagraph", samples=samples)
+            try:
+                t = time_fn(fn, arg_sets, mode="cudagraph", samples=samples)
+            except Exception as e:  # a config the GPU cannot run is a finding, not the end
+                print(f"T={tokens:6d} {name:24s} {describe(cfg) if cfg else '':30s} FAILED "
+                      f"{type(e).__name__}: {str(e)[-160:]}", flush=True)
+                return float("inf")
             row = {"variant": name, "config": describe(cfg) if cfg else "", "tokens": tokens,
                    "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us,
                    "tflops": tflops(tokens, t.median_us)}
@@ -163,13 +206,9 @@ def main() -> None:
         timed = []
         for cfg in configs:
             t1 = time.time()
-            try:
-                us = record("qkv_rope_linear", lambda x, w, b, c, s, _cfg=cfg: qkv_rope_linear(
-                    x, w, b, c, s, config=_cfg), rope_args, cfg)
-                timed.append((us, cfg))
-            except Exception as e:  # a config the GPU cannot run (shared memory) is a finding
-                print(f"T={tokens:6d} {describe(cfg):30s} FAILED {type(e).__name__}: "
-                      f"{str(e)[:120]}", flush=True)
+            us = record("qkv_rope_linear", lambda x, w, b, c, s, _cfg=cfg: qkv_rope_linear(
+                x, w, b, c, s, config=_cfg), rope_args, cfg)
+            timed.append((us, cfg))
             print(f"    ({time.time() - t1:.0f}s incl. compile)", flush=True)
         for _, cfg in sorted(timed, key=lambda p: p[0])[:args.top]:
             record("qkv_rope_linear_angles", lambda x, w, b, c, f, _cfg=cfg:
@@ -182,11 +221,13 @@ def main() -> None:
             record("same_kernel_no_rotation", bare, rope_args, cfg)
         del sets, base_args, rope_args, angle_args
         torch.cuda.empty_cache()
+        pd.DataFrame(rows).to_csv(out_dir / "qkv_probe.csv", index=False)
 
-    import pandas as pd
+    if args.compile_tokens and time.time() - t0 < args.compile_after_s:
+        compile_max_autotune(args.compile_tokens, rows, samples)
+        pd.DataFrame(rows).to_csv(out_dir / "qkv_probe.csv", index=False)
 
     df = pd.DataFrame(rows)
-    df.to_csv(out_dir / "qkv_probe.csv", index=False)
     print("\n== summary (median us; ratio to cuBLAS linear) ==")
     for tokens, g in df.groupby("tokens"):
         cublas = g[g.variant == "cublas_linear"].median_us.iloc[0]

@@ -238,12 +238,14 @@ def _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr, fre
         f = tl.load(freqs_ptr + pairs // 2, mask=pair_ok, other=0.0)
         pos = tl.where((pairs % 2 == 0)[None, :], col[:, None], row[:, None])
         angle = pos * f[None, :]
-        return tl.cos(angle), tl.sin(angle)
-    mask = token_ok[:, None] & pair_ok[None, :]
-    c = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + pairs[None, :] * cos_stride_d,
-                mask=mask, other=1.0)
-    s = tl.load(sin_ptr + tokens[:, None] * sin_stride_t + pairs[None, :] * sin_stride_d,
-                mask=mask, other=0.0)
+        c = tl.cos(angle)
+        s = tl.sin(angle)
+    else:
+        mask = token_ok[:, None] & pair_ok[None, :]
+        c = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + pairs[None, :] * cos_stride_d,
+                    mask=mask, other=1.0)
+        s = tl.load(sin_ptr + tokens[:, None] * sin_stride_t + pairs[None, :] * sin_stride_d,
+                    mask=mask, other=0.0)
     return c, s
 
 
@@ -300,16 +302,20 @@ def _qkv_tile(
     x0 = tl.reshape(x0, (BLOCK_M, HEADS_PER_TILE, PAIRS))
     x1 = tl.reshape(x1, (BLOCK_M, HEADS_PER_TILE, PAIRS))
     tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
-    pairs = pair0 + tl.arange(0, PAIRS)
-    c, s = _cos_sin(tokens, tokens < n_tokens, pairs, pairs < HEAD_DIM // 2, cos_ptr, sin_ptr,
-                    coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t,
-                    sin_stride_d, ANGLES)
-    c = c[:, None, :]  # one angle per (token, pair), shared by the tile's heads
-    s = s[:, None, :]
     heads = head0 + tl.arange(0, HEADS_PER_TILE)
-    rotate = (heads < ROTATED_HEADS)[None, :, None]  # q and k heads; v heads pass through
-    y0 = tl.where(rotate, x0 * c - x1 * s, x0)
-    y1 = tl.where(rotate, x0 * s + x1 * c, x1)
+    if ROTATED_HEADS > 0:
+        pairs = pair0 + tl.arange(0, PAIRS)
+        c, s = _cos_sin(tokens, tokens < n_tokens, pairs, pairs < HEAD_DIM // 2, cos_ptr,
+                        sin_ptr, coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d,
+                        sin_stride_t, sin_stride_d, ANGLES)
+        c = c[:, None, :]  # one angle per (token, pair), shared by the tile's heads
+        s = s[:, None, :]
+        rotate = (heads < ROTATED_HEADS)[None, :, None]  # q and k heads; v heads pass through
+        y0 = tl.where(rotate, x0 * c - x1 * s, x0)
+        y1 = tl.where(rotate, x0 * s + x1 * c, x1)
+    else:
+        y0 = x0
+        y1 = x1
     y = tl.reshape(tl.join(y0, y1), (BLOCK_M, HEADS_PER_TILE, 2 * PAIRS))  # interleaved
     if USE_TMA:
         # the descriptor's bounds clip token rows >= T, padded heads and pairs
@@ -648,13 +654,13 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     # numpy >= 2.4 (it calls int() on 1-element arrays): there one tile a program.
     persistent = config.persistent and not triton_interpreter_enabled()
     programs = min(num_tiles, _num_sms(x.device)) if persistent else num_tiles
-    dummy = permuted.weight  # stands in for the inputs the variant does not read
     angles = coords is not None
+    table = freqs if angles else cos  # fp32 stand-ins for the inputs a variant does not read
     _qkv_rope_linear_kernel[(programs,)](
         x_arg, w_arg, out_arg,
-        permuted.bias if permuted.bias is not None else dummy,
-        dummy if angles else cos, dummy if angles else sin,
-        coords if angles else dummy, freqs if angles else dummy,
+        permuted.bias if permuted.bias is not None else table,
+        table if angles else cos, table if angles else sin,
+        coords if angles else table, table if not angles else freqs,
         tokens, programs,
         x.stride(0), permuted.weight.stride(0), out_heads.stride(0), out_heads.stride(1),
         0 if angles else cos.stride(0), 0 if angles else cos.stride(1),
