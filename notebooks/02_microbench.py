@@ -47,23 +47,21 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: 
 # On a CPU the timer is the wall clock and the numbers are not GPU predictions.
 
 # %%
-import warnings
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", category=FutureWarning)
+from pathlib import Path
+
 import pandas as pd
 import torch
-from pathlib import Path
-from rope_kernels.study.devices import provenance
-from rope_kernels.study.notebooks import resolve_device
-pd.set_option("display.width", 200)
-pd.set_option("display.max_columns", 40)
-kind, dev = resolve_device(device)
 
-import matplotlib.pyplot as plt
 from rope_kernels import VARIANTS
 from rope_kernels.bench.microbench import run_microbench
-from rope_kernels.study.summary import pr_comparison
 from rope_kernels.bench.timing import copy_bandwidth_gbps
+from rope_kernels.study import plots
+from rope_kernels.study.devices import provenance
+from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.plots import with_units
+from rope_kernels.study.summary import pr_comparison
+
+kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 names = variants or list(VARIANTS)
 
 # %%
@@ -82,14 +80,14 @@ bench = run_microbench(names, families, dtypes, modes, device=dev, copy_gbps=cop
 if data_dir:
     from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "microbench.csv", bench, MICROBENCH_KEY)
-bench[["variant", "tokens", "heads", "head_dim", "dtype", "mode", "median_us", "pct_of_copy",
-       "speedup_vs_native", "launches", "peak_mem_mb"]].round(2)
+with_units(bench[["variant", "tokens", "heads", "head_dim", "dtype", "mode", "median_us", "p20_us",
+                  "p80_us", "pct_of_copy", "speedup_vs_native", "launches", "peak_mem_mb"]]).round(2)
 
 # %% [markdown]
 # What each variant launches and allocates per call (beyond its inputs; NaN on the CPU, where it is not measured):
 
 # %%
-bench.groupby("variant")[["launches"]].first().loc[names]
+with_units(bench.groupby("variant")[["launches"]].first().reindex(names))
 
 
 # %% [markdown]
@@ -100,27 +98,8 @@ bench.groupby("variant")[["launches"]].first().loc[names]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-def panels(df, value, ylabel, hline=None, log=False):
-    layouts = sorted(df.groupby(["heads", "head_dim"]).groups)
-    mode = [m for m in ("cudagraph", "eager") if m in set(df["mode"])][0]
-    fig, axes = plt.subplots(1, len(layouts), figsize=(4 * len(layouts), 3.2), squeeze=False, sharey=True)
-    for ax, (h, d) in zip(axes[0], layouts):
-        sub = df[(df.heads == h) & (df.head_dim == d) & (df["mode"] == mode) & (df.dtype == dtypes[0])]
-        for name, g in sub.groupby("variant", sort=False):
-            ax.plot(g.tokens, g[value], marker="o", label=name)
-        if hline is not None:
-            ax.axhline(hline, color="k", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        if log:
-            ax.set_yscale("log")
-        ax.set_title(f"{h} heads x {d}, {mode}")
-        ax.set_xlabel("tokens")
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    plt.show()
-
-panels(bench, "speedup_vs_native", "speedup over native (x)", hline=1.0, log=True)
+plots.kernel_panels(bench, "speedup_vs_native", "speedup over native [x]", hline=1.0, logy=True,
+                    dtype=dtypes[0], variants=names);
 
 # %% [markdown]
 # ## Roofline view: % of the copy ceiling
@@ -131,7 +110,8 @@ panels(bench, "speedup_vs_native", "speedup over native (x)", hline=1.0, log=Tru
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-panels(bench, "pct_of_copy", "% of device-to-device copy bandwidth", hline=100.0)
+plots.kernel_panels(bench, "pct_of_copy", "of device-to-device copy bandwidth [%]", hline=100.0,
+                    dtype=dtypes[0], variants=names);
 
 # %% [markdown]
 # ## Against PR #50400's published table
@@ -141,25 +121,18 @@ panels(bench, "pct_of_copy", "% of device-to-device copy bandwidth", hline=100.0
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+import matplotlib.pyplot as plt
+
 pr = pd.read_csv(Path("..") / "data" / "reference" / "pr50400_table.csv")
 cmp = {m: pr_comparison(bench, pr, m) for m in ("cudagraph", "cudagraph_warm") if m in set(bench["mode"])}
 if not any(len(c) for c in cmp.values()):
     print("No PR shapes in this grid (the CPU default); the GPU profile includes all 12 rows.")
 else:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
-    for (m, c), mk in zip(cmp.items(), ("o", "s")):
-        lbl = [f"{t}x{h}" for t, h in zip(c.tokens, c.heads)]
-        axes[0].plot(lbl, c.our_fused_us, marker=mk, label=f"our fused ({m})")
-        axes[1].plot(lbl, c.our_speedup, marker=mk, label=f"our fused/native ({m})")
-    axes[0].plot(lbl, c.fused_us, "k--", marker="x", label="PR fused (published)")
-    axes[1].plot(lbl, c.speedup, "k--", marker="x", label="PR speedup (published)")
-    axes[0].set_ylabel("fused time per call (us)"); axes[1].set_ylabel("speedup over native (x)")
-    for ax in axes:
-        ax.tick_params(axis="x", rotation=60); ax.legend(fontsize=8); ax.set_xlabel("tokens x heads (head_dim 128)")
-    fig.tight_layout(); plt.show()
-    display(pd.concat({m: c.set_index(["tokens", "heads"])[["native_us", "fused_us", "speedup",
-                       "our_native_us", "our_fused_us", "our_speedup", "fused_at_or_under_pr"]]
-                       for m, c in cmp.items()}, axis=1).round(2))
+    plots.pr_table_plot(cmp, bench)
+    plt.show()
+    display(with_units(pd.concat({m: c.set_index(["tokens", "heads"])[[
+        "native_us", "fused_us", "speedup", "our_native_us", "our_fused_us", "our_speedup",
+        "fused_at_or_under_pr"]] for m, c in cmp.items()}, axis=1)).round(2))
 
 # %% [markdown]
 # ## The study's targets
@@ -175,17 +148,17 @@ checks = []
 f = g[(g.variant == "fused") & (g.tokens >= 8192)]
 for _, r in f.iterrows():
     checks.append({"target": "fused >= 90% of copy", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                   "value": r.pct_of_copy, "goal": 90.0, "met": r.pct_of_copy >= 90.0})
+                   "unit": "%", "value": r.pct_of_copy, "goal": 90.0, "met": r.pct_of_copy >= 90.0})
 for m, label in (("cudagraph", "cold L2"), ("cudagraph_warm", "warm L2")):
     for _, r in cmp.get(m, pd.DataFrame()).iterrows():
-        checks.append({"target": f"fused <= PR fused (us, {label})", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                       "value": r.our_fused_us, "goal": r.fused_us, "met": r.our_fused_us <= r.fused_us})
+        checks.append({"target": f"fused <= PR fused ({label})", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
+                       "unit": "us", "value": r.our_fused_us, "goal": r.fused_us, "met": r.our_fused_us <= r.fused_us})
 kimi = g[(g.heads == 16) & (g.head_dim == 72) & (g.tokens >= 4096)].pivot_table(index="tokens", columns="variant", values="median_us")
 for peer, goal in (("compiled", 1.5), ("liger", 3.0)):
     if peer in kimi and "fused" in kimi:
         for t, r in kimi.iterrows():
             ratio = r[peer] / r["fused"]
-            checks.append({"target": f"fused vs {peer} (x)", "shape": f"{t}x16x72", "value": ratio, "goal": goal, "met": ratio >= goal})
+            checks.append({"target": f"{peer} time / fused time", "shape": f"{t}x16x72", "unit": "x", "value": ratio, "goal": goal, "met": ratio >= goal})
 targets = pd.DataFrame(checks)
 targets.round(2) if len(targets) else print("Targets are defined for the GPU profile (cudagraph mode).")
 
@@ -217,9 +190,9 @@ if config_sweep and dev.type == "cuda":
                    ["tokens", "heads", "head_dim", "dtype", "mode", "block_t", "block_h", "num_warps", "device_name"])
     best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
     chosen = sweep[sweep.is_default]
-    display(best.merge(chosen, on=["tokens", "heads", "head_dim"], suffixes=("_best", "_default"))[
+    display(with_units(best.merge(chosen, on=["tokens", "heads", "head_dim"], suffixes=("_best", "_default"))[
         ["tokens", "heads", "head_dim", "block_t_best", "block_h_best", "num_warps_best", "median_us_best",
-         "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]].round(2))
+         "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
 else:
     print("config sweep skipped (config_sweep=False or no GPU)")
 

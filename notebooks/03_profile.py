@@ -29,10 +29,10 @@ report_dir = ""  # where to write traces/<variant>.json.gz; empty: do not save
 # # 3. What each variant launches: torch.profiler
 #
 # **Question.** How many kernels does the RoPE step of one MoonViT attention block launch per
-# variant, and where does its device time go? STUDY_FACTS derives 6 for the native path (an
+# variant, and where does its device time go? Reading the code gives 6 for the native path (an
 # upcast, a complex multiply and a downcast, for q and for k), about 8 for what vLLM merged
-# (two cos/sin copies, then upcast, rotary kernel and downcast for q and for k) and 1 for a
-# fused kernel.
+# (two cos/sin copies, then upcast, rotary kernel and downcast for q and for k; our re-creation
+# is `rope_kernels/kernels/vllm_merged_recreated.py`) and 1 for a fused kernel.
 #
 # **Method.** On a GPU: torch.profiler around one call (after warm-up) on q/k views of a packed
 # qkv buffer, counting device operations (kernels, copies); a Chrome trace per variant is saved
@@ -40,25 +40,27 @@ report_dir = ""  # where to write traces/<variant>.json.gz; empty: do not save
 # plus Triton launches (`rope_kernels.bench.launches`), labelled as such.
 
 # %%
-import warnings
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", category=FutureWarning)
+from pathlib import Path
+
 import pandas as pd
 import torch
-from pathlib import Path
+
 from rope_kernels.study.devices import provenance
-from rope_kernels.study.notebooks import resolve_device
-pd.set_option("display.width", 200)
-pd.set_option("display.max_columns", 40)
-kind, dev = resolve_device(device)
+from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.plots import with_units
 
 from rope_kernels import VARIANTS
 from rope_kernels.bench.launches import count_launches
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
+
+kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 names = variants or list(VARIANTS)
 dt = parse_dtype(dtype)
 xq, xk, freqs = make_arg_sets(Shape(tokens, heads, head_dim), dt, dev, 1)[0]
 derived = {"native": 6, "vllm_merged": 8, "fused": 1, "fused_inplace": 1}
+print(f"Profiled shape: {tokens} tokens x {heads} heads x head_dim {head_dim}, {dtype}; q and k are "
+      f"strided views of a packed ({tokens}, 3, {heads}, {head_dim}) qkv buffer. "
+      f"Per-forward counts: x {layers} layers.")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -80,10 +82,10 @@ for name in names:
         measured, _ = count_launches(v, xq, xk, freqs)
         source = "dispatcher + Triton launches (CPU stand-in)"
     rows.append({"variant": name, "launches_per_call": measured, "recorded": v.launch_count(dt),
-                 "study_facts": derived.get(name), "per_forward": None if measured is None else measured * layers,
+                 "derived_from_code": derived.get(name), "per_forward": None if measured is None else measured * layers,
                  "source": source})
 launches = pd.DataFrame(rows)
-launches
+with_units(launches)
 
 # %%
 checked = launches.dropna(subset=["launches_per_call"])
@@ -105,13 +107,14 @@ if data_dir:
 if kernel_tables:
     for name, table in kernel_tables.items():
         print(f"--- {name}: {table.launches.sum()} launches, {table.device_time_us.sum():.1f} us")
-        display(table.assign(kernel=table.kernel.str.slice(0, 90)).round(2))
+        display(with_units(table.assign(kernel=table.kernel.str.slice(0, 90))).round(2))
 else:
     print("no device kernels on the CPU")
 
 # %% [markdown]
 # **Reading the counts.** `recorded` is the figure in `rope_kernels.VARIANTS`; the assertion above
-# fails the notebook if the profiler disagrees. Differences from STUDY_FACTS: `compiled` is one
+# fails the notebook if the profiler disagrees. Differences from the counts derived from the code:
+# `compiled` is one
 # Inductor kernel for q and k together; `liger` copies q and k into contiguous buffers first
 # (2 copies + 1 kernel) because it rotates in place; on fp32 data the casts disappear (native 2,
 # merged 4).

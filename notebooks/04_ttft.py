@@ -51,24 +51,25 @@ data_dir = ""  # where to upsert ttft.csv; empty: do not save
 # pairing cancels drift that moves a whole round, which separate medians keep.
 
 # %%
-import warnings
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", category=FutureWarning)
+from pathlib import Path
+
 import pandas as pd
 import torch
-from pathlib import Path
+
 from rope_kernels.study.devices import provenance
-from rope_kernels.study.notebooks import resolve_device
-pd.set_option("display.width", 200)
-pd.set_option("display.max_columns", 40)
-kind, dev = resolve_device(device)
+from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.plots import with_units
 
 import matplotlib.pyplot as plt
+
 from rope_kernels.bench.encoder_bench import (bucket_samples, forward_peak_mb, make_bucket, outputs_agree,
-                                        paired_stats, rope_minimal_ms, rope_profile)
+                                              paired_stats, rope_minimal_ms, rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps, summarize
 from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+from rope_kernels.study import plots
+
+kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
 if layers:
     cfg = cfg.with_layers(layers)
@@ -136,26 +137,20 @@ if prefill_tokens_per_s > 0:
 if data_dir:
     from rope_kernels.study.results import TTFT_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "ttft.csv", ttft, TTFT_KEY)
-ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").round(2)
+ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
+    columns="encoder median [ms]").round(2)
 
 # %% [markdown]
-# ## Encoder latency versus image count (the floor, RoPE skipped, dashed)
+# ## Encoder latency versus image count
+#
+# Linear axes: latency grows with the images (tokens); the floor (RoPE skipped) is dashed.
+# The few-percent gaps between variants are easier to read as savings, in the next plot.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-res = sorted(set(ttft.resolution), key=resolutions.index)
-fig, axes = plt.subplots(len(modes), len(res), figsize=(4.2 * len(res), 3.2 * len(modes)), squeeze=False)
-for i, mode in enumerate(modes):
-    for j, r in enumerate(res):
-        ax = axes[i][j]
-        sub = ttft[(ttft["mode"] == mode) & (ttft.resolution == r)]
-        for v, g in sub.groupby("variant", sort=False):
-            ax.plot(g.images, g.median_ms, marker="o", ls="--" if v == "none" else "-",
-                    color="k" if v == "none" else None, label="none (floor)" if v == "none" else v)
-        ax.set_xscale("log", base=2); ax.set_yscale("log")
-        ax.set_title(f"{r}, {mode}"); ax.set_xlabel("images per request"); ax.set_ylabel("encoder ms")
-axes[0][-1].legend(fontsize=8)
-fig.tight_layout(); plt.show()
+for mode in modes:
+    plots.encoder_latency(ttft, mode=mode, resolutions=resolutions, variants=variants)
+    plt.show()
 
 # %% [markdown]
 # ## What the RoPE choice saves over native, and what it costs over the floor
@@ -177,23 +172,12 @@ if "fused_rope_cost_ms" in wide:
     wide["fused_cost_over_minimal"] = wide["fused_rope_cost_ms"] / wide["rope_minimal_ms"]
 cols = [c for c in wide.columns if c.endswith(("saving_ms", "saving_pct")) or c in
         ("resolution", "images", "mode", "fused_rope_cost_ms", "rope_minimal_ms", "fused_cost_over_minimal")]
-wide[cols].round(2)
+with_units(wide[cols]).round(2)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-sav = [c for c in wide.columns if c.endswith("saving_pct") and not c.startswith("none")]
-fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.2), squeeze=False)
-for ax, mode in zip(axes[0], modes):
-    sub = wide[wide["mode"] == mode]
-    for r in res:
-        s = sub[sub.resolution == r]
-        for c in sav:
-            ax.plot(s.images, s[c], marker="o", label=f"{c.removesuffix('_saving_pct')} {r}")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_xscale("log", base=2); ax.set_xlabel("images per request"); ax.set_ylabel("saving over native (%)")
-    ax.set_title(mode)
-axes[0][-1].legend(fontsize=7)
-fig.tight_layout(); plt.show()
+plots.saving_vs_native(ttft, modes=modes, resolutions=resolutions, variants=variants)
+plt.show()
 
 # %% [markdown]
 # ## RoPE's share of encoder time (profiler: its kernels' device time over all device time)
@@ -201,7 +185,8 @@ fig.tight_layout(); plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images"], columns="variant",
-                                          values="rope_share").mul(100).round(2)
+                                          values="rope_share").mul(100).rename_axis(
+    columns="RoPE share of device time [%]").round(2)
 
 # %% [markdown]
 # RoPE's device time in one forward, measured in place, against the physical minimum of its bytes:
@@ -215,7 +200,7 @@ in_place["rope_minimal_ms"] = [rope_minimal_ms(t, cfg.heads, cfg.head_dim, cfg.l
 for v in variants:
     if v in in_place and v != "none":
         in_place[f"{v}_over_minimal"] = in_place[v] / in_place["rope_minimal_ms"]
-in_place.round(3)
+with_units(in_place.rename(columns={v: f"{v}_ms" for v in variants})).round(3)
 
 # %% [markdown]
 # ## Targets (GPU profile)
@@ -232,16 +217,17 @@ in_place.round(3)
 # NBVAL_IGNORE_OUTPUT
 t16 = wide[(wide.resolution == "1024x1024") & (wide.images == 16)]
 if len(t16) and "fused_rope_cost_ms" in t16:
-    display(t16[["mode", "native", "fused", "none", "fused_rope_cost_ms", "rope_minimal_ms",
-                 "fused_cost_over_minimal", "fused_saving_pct"]].assign(
-        cost_met=t16.fused_cost_over_minimal <= 1.2, saving_met=t16.fused_saving_pct >= 7).round(3))
+    display(with_units(t16[["mode", "native", "fused", "none", "fused_rope_cost_ms", "rope_minimal_ms",
+                            "fused_cost_over_minimal", "fused_saving_pct"]].assign(
+        cost_met=t16.fused_cost_over_minimal <= 1.2, saving_met=t16.fused_saving_pct >= 7).rename(
+        columns={"native": "native_ms", "fused": "fused_ms", "none": "none_ms"})).round(3))
     p16 = ttft[(ttft.resolution == "1024x1024") & (ttft.images == 16) & (ttft.variant == "fused")]
     minimal = rope_minimal_ms(int(p16.vit_tokens.iloc[0]), cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
     print("per-round (paired) estimates, median [p20, p80]:")
-    display(p16[["mode", "paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
-                 "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80"]].assign(
+    display(with_units(p16[["mode", "paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
+                            "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80"]].assign(
         rope_minimal_ms=minimal, cost_over_minimal=p16.paired_rope_cost_ms / minimal,
-        cost_met=p16.paired_rope_cost_ms / minimal <= 1.2, saving_met=p16.paired_saving_pct >= 7).round(3))
+        cost_met=p16.paired_rope_cost_ms / minimal <= 1.2, saving_met=p16.paired_saving_pct >= 7)).round(3))
     in_place = p16.rope_device_ms.iloc[0]
     print(f"RoPE measured in place (profiler, fused kernels' device time in one forward): "
           f"{in_place:.3f} ms = {in_place / minimal:.3f}x the {minimal:.3f} ms minimum")

@@ -25,12 +25,16 @@ data_root = "../data"  # merges data/<device>/*.csv across devices
 # `reports/index.html`). Every figure comes from the committed CSVs, with the commit that made it.
 
 # %%
-import pandas as pd
 from pathlib import Path
+
+import pandas as pd
+
+from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import all_devices, load_device_tables
+
 pd.set_option("display.width", 200)
 summary = all_devices(Path(data_root))
-summary.T if len(summary) else "no device data yet"
+with_units(summary).T if len(summary) else "no device data yet"
 
 # %% [markdown]
 # Provenance of every CSV row, per device and file:

@@ -168,3 +168,45 @@ def test_chromium_displays_the_index(tmp_path):
     assert "<table" in dom and "02_microbench" in dom
     assert (pixels.mean(axis=-1) < 0.5).mean() > 0.001
     assert np.isfinite(pixels).all()
+
+
+def _noisy_notebook(path: Path) -> Path:
+    """An executed notebook with what a real run leaves behind: a warning naming a
+    host path, a tqdm bar on stderr, host paths in stdout and in a table."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    cell = new_code_cell("run()", outputs=[
+        new_output("stream", name="stderr", text=(
+            "/opt/torch/.venv/lib/python3.12/site-packages/torch/profiler/profiler.py:224: "
+            "UserWarning: Warning: Profiler clears events at the end of each cycle.\n")),
+        new_output("stream", name="stderr", text="\rmicrobench:  50%|█████     | 2/4 [00:34<00:35]"),
+        new_output("stream", name="stdout", text=f"results in {ROOT}/data/cpu and /tmp/site/x.py\n"),
+        new_output("execute_result", execution_count=1, data={
+            "text/plain": "python  /opt/torch/.venv/bin/python",
+            "text/html": "<table><tr><td>/tmp/site/tqdm/auto.py</td><td>42 us</td></tr></table>"}),
+    ], execution_count=1)
+    nbformat.write(new_notebook(cells=[cell]), str(path))
+    return path
+
+
+LEAKS = ("Warning", "%|", "/opt/", "/tmp/site", ".venv", str(ROOT))
+
+
+def test_report_shows_no_warnings_progress_or_host_paths(tmp_path):
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    noisy = _noisy_notebook(tmp_path / "noisy.ipynb")
+    raw, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(noisy), 4))
+    assert all(leak in raw for leak in LEAKS)  # the fixture leaks when exported as is
+    page = notebook_to_html(noisy, tmp_path / "noisy.html").read_text()
+    assert [leak for leak in LEAKS if leak in page] == []
+    assert "results in data/cpu and .../x.py" in page  # stdout kept, paths shortened
+    assert "42 us" in page and ".../auto.py" in page
+
+
+def test_stored_reports_carry_no_host_paths():
+    for html in sorted((ROOT / "reports").glob("*/*.html")):
+        page = html.read_text()
+        assert not [leak for leak in ("/opt/", "/tmp/site", ".venv/") if leak in page], html

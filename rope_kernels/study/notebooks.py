@@ -21,6 +21,33 @@ def resolve_device(device: str):
     return kind, torch_device(kind)
 
 
+# Warnings a reader cannot act on: library deprecations, the profiler's note that it
+# clears events per cycle, tqdm.auto's "IProgress not found" (text bars are intended).
+QUIET_WARNINGS = (
+    (DeprecationWarning, ""),
+    (FutureWarning, ""),
+    (UserWarning, r".*Profiler clears events at the end of each cycle"),
+    (Warning, r".*IProgress not found"),
+)
+
+
+def notebook_setup(device: str = "auto"):
+    """Every notebook's first code: quiet known warnings, pandas display, the report
+    plot style; returns (device kind, torch.device) as :func:`resolve_device`."""
+    import warnings
+
+    import pandas as pd
+
+    from rope_kernels.study.plots import use_report_style
+
+    for category, message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 40)
+    use_report_style()
+    return resolve_device(device)
+
+
 def show_source(obj) -> None:
     """Render a library object's source in the notebook (one source of truth)."""
     from IPython.display import Markdown, display

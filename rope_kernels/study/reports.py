@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rope_kernels.study.devices import REPO_ROOT
 from rope_kernels.study.results import write_atomic
 from rope_kernels.study.summary import all_devices, committed_device_folders
 
@@ -32,12 +33,51 @@ def strip_remote_resources(page: str) -> str:
     return _LINK.sub(lambda m: "" if _fetches(m.group(0)) else m.group(0), page)
 
 
+# An absolute path on the machine that ran the notebook (or a virtualenv below it).
+_HOST_PATH = re.compile(
+    r"(?<![\w.-])(?:/(?:opt|tmp|home|root|usr|var|mnt|scratch|work|srv|private|Users)"
+    r"|[\w.-]*\.venv)(?:/[^\s'\"<>:,;()\[\]]+)+")
+_TEXT_MIMES = ("text/plain", "text/html", "text/markdown", "text/latex")
+
+
+def scrub_host_paths(text: str, root: Path = REPO_ROOT) -> str:
+    """Paths inside the checkout become relative; any other host path keeps only its
+    file name (``/opt/torch/.venv/.../profiler.py`` -> ``.../profiler.py``)."""
+    text = text.replace(str(root) + "/", "").replace(str(root), ".")
+    return _HOST_PATH.sub(lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
+
+
+def clean_outputs(nb, root: Path = REPO_ROOT):
+    """What a reader should see of an executed notebook: no stderr streams (progress
+    bars, warnings, profiler chatter: the runner already showed them on the terminal)
+    and no host paths in what remains. Modifies and returns ``nb``."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                if out.name == "stderr":
+                    continue
+                out.text = scrub_host_paths(out.text, root)
+            elif out.output_type in ("display_data", "execute_result"):
+                for mime in _TEXT_MIMES:
+                    if isinstance(out.data.get(mime), str):
+                        out.data[mime] = scrub_host_paths(out.data[mime], root)
+            elif out.output_type == "error":
+                out.traceback = [scrub_host_paths(line, root) for line in out.traceback]
+            kept.append(out)
+        cell.outputs = kept
+    return nb
+
+
 def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool = True) -> Path:
-    """Export an executed notebook to a self-contained HTML file (atomically)."""
+    """Export an executed notebook to a self-contained HTML file (atomically), its
+    outputs cleaned for readers (:func:`clean_outputs`)."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    nb = nbformat.read(str(notebook_path), as_version=4)
+    nb = clean_outputs(nbformat.read(str(notebook_path), as_version=4))
     exporter = HTMLExporter(template_name="lab")
     exporter.exclude_input = hide_inputs
     exporter.exclude_input_prompt = True

@@ -1,0 +1,343 @@
+"""The study's plots and table headers, shared by the notebooks.
+
+One colour per variant in every plot (``VARIANT_COLORS``; unknown names get a
+stable fallback), one line style per image resolution, p20-p80 error bars,
+legends outside the data, panels wrapped a few per row, and a caveat printed on
+any plot of CPU (Triton interpreter, wall clock) timings. Every function plots
+whatever variants the data holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+# Families share a hue: ours red, vLLM's blues, the baselines grey/black.
+VARIANT_COLORS = {
+    "native": "#222222",
+    "none": "#9e9e9e",
+    "copy": "#17becf",
+    "fused": "#d62728",
+    "fused_inplace": "#f28e8c",
+    "vllm_packed_qk": "#1f4e9c",
+    "vllm_merged": "#4a90d9",
+    "vllm_merged_recreated": "#9cc3ea",
+    "sglang_vision": "#8c5ac8",
+    "compiled": "#2ca02c",
+    "liger": "#ff7f0e",
+    "flashinfer": "#8c564b",
+    "quack": "#e377c2",
+    "gemm_epilogue": "#b8b000",
+    "cublas_linear": "#393b79",
+    "cublas_linear+fused_rope": "#d6616b",
+    "compile_max_autotune": "#74c476",
+    "qkv_rope_linear": "#e6550d",
+    "qkv_rope_linear_angles": "#fdae6b",
+}
+_FALLBACK_COLORS = ("#637939", "#7b4173", "#843c39", "#3182bd", "#a55194", "#6b6ecf",
+                    "#bd9e39", "#ad494a", "#5254a3", "#8ca252")
+_LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+CPU_CAVEAT = ("CPU run: Triton-interpreter / wall-clock timings. They say nothing about GPU "
+              "speed; run the GPU profile for real numbers.")
+REPORT_STYLE = {
+    "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 10,
+    "ytick.labelsize": 10, "legend.fontsize": 9, "figure.dpi": 100, "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+
+# Column -> header with its unit, for tables people read.
+UNITS = {
+    "median_us": "median [us]", "p20_us": "p20 [us]", "p80_us": "p80 [us]",
+    "median_ms": "median [ms]", "p20_ms": "p20 [ms]", "p80_ms": "p80 [ms]",
+    "pct_of_copy": "of copy bandwidth [%]", "pct_of_copy_same_bytes": "of same-bytes copy [%]",
+    "gbps": "bandwidth [GB/s]", "copy_gbps": "copy ceiling [GB/s]",
+    "copy_same_bytes_us": "same-bytes copy [us]", "speedup_vs_native": "speedup vs native [x]",
+    "peak_mem_mb": "peak memory [MB]", "bytes": "minimal traffic [B]",
+    "launches": "launches [per call]", "launches_per_call": "launches [per call]",
+    "per_forward": "launches [per forward]", "device_time_us": "device time [us]",
+    "max_abs_err": "max abs error", "native_max_abs_err": "native max abs error",
+    "rel_err": "relative error", "tolerance": "tolerance (abs)",
+    "vit_tokens": "vision tokens", "llm_tokens": "LLM tokens",
+    "rope_share": "RoPE share [%]", "profiled_rope_share": "RoPE share [%]",
+    "rope_device_ms": "RoPE device time [ms]", "rope_minimal_ms": "RoPE minimum [ms]",
+    "paired_saving_pct": "saving vs native [%]", "paired_saving_pct_p20": "saving p20 [%]",
+    "paired_saving_pct_p80": "saving p80 [%]", "paired_rope_cost_ms": "RoPE cost [ms]",
+    "paired_rope_cost_ms_p20": "RoPE cost p20 [ms]", "paired_rope_cost_ms_p80": "RoPE cost p80 [ms]",
+    "our_native_us": "our native [us]", "our_fused_us": "our fused [us]",
+    "native_us": "PR native [us]", "fused_us": "PR fused [us]", "speedup": "PR speedup [x]",
+    "our_speedup": "our speedup [x]",
+}
+_SUFFIX_UNITS = (("_speedup_vs_native", "speedup vs native [x]"),
+                 ("_pct_of_copy", "of copy bandwidth [%]"), ("_saving_pct", "saving vs native [%]"), ("_saving_ms", "saving vs native [ms]"),
+                 ("_rope_cost_ms", "RoPE cost [ms]"), ("_over_minimal", "/ minimum [x]"),
+                 ("_ms", "[ms]"), ("_us", "[us]"), ("_pct", "[%]"), ("_mb", "[MB]"),
+                 ("_gbps", "[GB/s]"))
+
+
+def variant_color(name: str) -> str:
+    """The variant's colour in every plot; unknown names map to a stable fallback."""
+    if name in VARIANT_COLORS:
+        return VARIANT_COLORS[name]
+    digest = int(hashlib.sha1(name.encode()).hexdigest(), 16)
+    return _FALLBACK_COLORS[digest % len(_FALLBACK_COLORS)]
+
+
+def resolution_style(resolution: str, resolutions: Sequence[str]) -> tuple[object, str]:
+    """(line style, marker) of a resolution, by its position in ``resolutions``."""
+    i = list(resolutions).index(resolution)
+    return _LINE_STYLES[i % len(_LINE_STYLES)], _MARKERS[i % len(_MARKERS)]
+
+
+def header(column: str) -> str:
+    """A table header with its unit (``median_us`` -> ``median [us]``)."""
+    if column in UNITS:
+        return UNITS[column]
+    for tag in ("_best", "_default"):  # a config sweep's best and default rows side by side
+        if column.endswith(tag):
+            return f"{header(column.removesuffix(tag))} ({tag[1:]})"
+    for suffix, unit in _SUFFIX_UNITS:
+        if column.endswith(suffix) and column != suffix.lstrip("_"):
+            return f"{column.removesuffix(suffix)} {unit}"
+    return column
+
+
+def with_units(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every column (and column level) that has a unit renamed to show it."""
+    return df.rename(columns=header)
+
+
+def use_report_style() -> None:
+    """Readable defaults for the notebooks' figures (10-11 pt text)."""
+    plt.rcParams.update(REPORT_STYLE)
+
+
+def is_cpu_run(df: pd.DataFrame) -> bool:
+    """True when the rows were timed on a CPU (interpreter, wall clock)."""
+    if "device_kind" in df and len(df):
+        return bool((df["device_kind"] == "cpu").any())
+    if "timer" in df and len(df):
+        return bool(df["timer"].astype(str).str.contains("cpu").any())
+    return False
+
+
+def panel_grid(n: int, *, ncols: int = 3, width: float = 4.3, height: float = 3.3,
+               sharey: bool = False):
+    """A figure of ``n`` panels wrapped ``ncols`` per row; returns (fig, axes list)."""
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
+                             squeeze=False, sharey=sharey, layout="constrained")
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def spread(df: pd.DataFrame, value: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The p20 and p80 of ``value`` in each row, where the data allows.
+
+    ``<value>_p20``/``_p80`` columns when present; for ``*_us``/``*_ms`` the row's
+    ``p20_<unit>``/``p80_<unit>``; for rates (speedup, % of copy, GB/s), which scale as
+    1/time, the row's own time spread applied to it (the baseline's spread is not in the row).
+    """
+    if f"{value}_p20" in df and f"{value}_p80" in df:
+        return df[f"{value}_p20"].to_numpy(float), df[f"{value}_p80"].to_numpy(float)
+    for unit in ("us", "ms"):
+        if value == f"median_{unit}" and {f"p20_{unit}", f"p80_{unit}"} <= set(df.columns):
+            return df[f"p20_{unit}"].to_numpy(float), df[f"p80_{unit}"].to_numpy(float)
+    if value in ("speedup_vs_native", "pct_of_copy", "pct_of_copy_same_bytes", "gbps") and \
+            {"median_us", "p20_us", "p80_us"} <= set(df.columns):
+        v, med = df[value].to_numpy(float), df["median_us"].to_numpy(float)
+        return v * med / df["p80_us"].to_numpy(float), v * med / df["p20_us"].to_numpy(float)
+    return None
+
+
+def _errorbar(ax, df: pd.DataFrame, x: str, value: str, **style):
+    df = df.sort_values(x)
+    y = df[value].to_numpy(float)
+    bounds = spread(df, value)
+    yerr = None
+    if bounds is not None:
+        lo, hi = bounds
+        yerr = np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)])
+        yerr = np.nan_to_num(yerr)
+    return ax.errorbar(df[x], y, yerr=yerr, capsize=2.5, lw=1.6, ms=4.5, elinewidth=1, **style)
+
+
+def _variant_handles(variants: Sequence[str], floor: str | None = "none") -> list[Line2D]:
+    return [Line2D([], [], color=variant_color(v), lw=2, marker="o", ms=5,
+                   label=f"{v} (RoPE skipped: floor)" if v == floor else v) for v in variants]
+
+
+def finish(fig, data: pd.DataFrame, handles: Sequence[Line2D], *, title: str | None = None,
+           extra: Sequence[Line2D] = ()):
+    """Legend outside the panels (right), optional title, and the CPU caveat on CPU data."""
+    legend = fig.legend(handles=list(handles) + list(extra), loc="outside right upper",
+                        frameon=False)
+    legend.set_in_layout(True)
+    if title:
+        fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+    if is_cpu_run(data):  # below the panels, where neither the legend nor the title sits
+        width = max(40, int(fig.get_figwidth() * 13))
+        fig.supxlabel(textwrap.fill(CPU_CAVEAT, width), fontsize=10, color="#b00020")
+    return fig
+
+
+def _ordered(values, order: Sequence | None = None) -> list:
+    seen = list(dict.fromkeys(values))
+    if order:
+        return [v for v in order if v in seen] + [v for v in seen if v not in order]
+    return seen
+
+
+def _tokens_label(value: float) -> str:
+    value = int(round(value))
+    return f"{value // 1024}k" if value >= 1024 and value % 1024 == 0 else str(value)
+
+
+def _token_axis(ax, tokens):
+    """Log-2 token axis labelled at the measured token counts (256, 1k, 4k, ...)."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(t) for t in tokens))
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens_label(v)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.tick_params(axis="x", rotation=45 if len(ticks) > 6 else 0)
+    ax.set_xlabel("tokens")
+
+
+def _log_axis(axis):
+    """A log axis with plain-number labels: base 2 (0.5, 1, 2, 4, 8) over a narrow range,
+    base 10 (0.001, 0.01, 0.1, 1) over a wide one."""
+    low, high = axis.axes.dataLim.intervaly
+    wide = low > 0 and high / low > 64
+    axis.axes.set_yscale("log", base=10 if wide else 2)
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def kernel_panels(bench: pd.DataFrame, value: str, ylabel: str, *, mode: str | None = None,
+                  dtype: str | None = None, hline: float | None = None, logy: bool = False,
+                  variants: Sequence[str] | None = None, ncols: int = 3):
+    """``value`` against tokens, one panel per head layout (heads x head_dim), one
+    colour per variant, p20-p80 error bars. ``mode`` defaults to cudagraph if
+    present, else eager; ``dtype`` to the first in the data."""
+    if mode is None:
+        mode = next(m for m in ("cudagraph", "eager", *bench["mode"].unique())
+                    if m in set(bench["mode"]))
+    dtype = dtype or bench["dtype"].iloc[0]
+    sub = bench[(bench["mode"] == mode) & (bench["dtype"] == dtype)]
+    layouts = sorted(sub.groupby(["heads", "head_dim"]).groups)
+    names = _ordered(sub["variant"], variants)
+    fig, axes = panel_grid(len(layouts), ncols=ncols)
+    for ax, (heads, head_dim) in zip(axes, layouts):
+        panel = sub[(sub.heads == heads) & (sub.head_dim == head_dim)]
+        for name in names:
+            rows = panel[panel.variant == name]
+            if len(rows):
+                _errorbar(ax, rows, "tokens", value, color=variant_color(name), marker="o")
+        if hline is not None:
+            ax.axhline(hline, color="k", lw=0.8, ls="--")
+        _token_axis(ax, panel.tokens)
+        if logy:
+            _log_axis(ax.yaxis)
+        ax.set_title(f"{heads} heads x {head_dim}")
+        ax.set_ylabel(ylabel)
+    return finish(fig, sub, _variant_handles(names), title=f"{dtype}, {mode}; bars: p20-p80")
+
+
+def pr_table_plot(comparisons: dict[str, pd.DataFrame], data: pd.DataFrame | None = None):
+    """Our fused time and speedup beside PR #50400's published ones, per L2 regime."""
+    fig, axes = panel_grid(2, ncols=2, width=5.6)
+    handles = []
+    for (mode, cmp), marker in zip(comparisons.items(), ("o", "s")):
+        labels = [f"{t}x{h}" for t, h in zip(cmp.tokens, cmp.heads)]
+        style = dict(color=variant_color("fused"), marker=marker,
+                     ls="-" if mode == "cudagraph" else "--")
+        axes[0].plot(labels, cmp.our_fused_us, **style)
+        axes[1].plot(labels, cmp.our_speedup, **style)
+        handles.append(Line2D([], [], label=f"our fused ({mode})", **style))
+    pr = dict(color="k", marker="x", ls=":")
+    axes[0].plot(labels, cmp.fused_us, **pr)
+    axes[1].plot(labels, cmp.speedup, **pr)
+    handles.append(Line2D([], [], label="PR #50400 (published)", **pr))
+    axes[0].set_ylabel("fused time per call [us]")
+    axes[1].set_ylabel("fused speedup over native [x]")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=60)
+        ax.set_xlabel("tokens x heads (head_dim 128)")
+    return finish(fig, data if data is not None else pd.DataFrame(), handles)
+
+
+def _image_axis(ax, images: Sequence[int]):
+    ticks = sorted(set(int(i) for i in images))
+    ax.set_xlim(0, max(ticks) + 1)
+    ax.set_xticks(ticks)
+    ax.set_xlabel("images per request")
+
+
+def encoder_latency(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str] | None = None,
+                    variants: Sequence[str] | None = None, floor: str = "none", ncols: int = 3):
+    """Encoder median latency [ms] against images per request on linear axes, one
+    panel per resolution, p20-p80 error bars; the floor (RoPE skipped) dashed."""
+    sub = ttft[ttft["mode"] == mode]
+    res = _ordered(sub.resolution, resolutions)
+    names = _ordered(sub.variant, variants)
+    fig, axes = panel_grid(len(res), ncols=ncols)
+    for ax, r in zip(axes, res):
+        panel = sub[sub.resolution == r]
+        for name in names:
+            rows = panel[panel.variant == name]
+            if len(rows):
+                _errorbar(ax, rows, "images", "median_ms", color=variant_color(name),
+                          marker="o", ls="--" if name == floor else "-")
+        _image_axis(ax, panel.images)
+        ax.set_ylim(bottom=0)
+        ax.set_title(r)
+        ax.set_ylabel("encoder forward [ms]")
+    return finish(fig, sub, _variant_handles(names, floor),
+                  title=f"{mode}; median, bars: p20-p80 over rounds")
+
+
+def saving_vs_native(ttft: pd.DataFrame, *, modes: Sequence[str] | None = None,
+                     resolutions: Sequence[str] | None = None,
+                     variants: Sequence[str] | None = None, baseline: str = "native",
+                     ncols: int = 2):
+    """Each variant's saving over ``baseline`` [%] against images per request: one panel
+    per mode, colour per variant, line style per resolution. Uses the per-round paired
+    saving (median, p20-p80 bars) when the rows carry it, else the ratio of medians."""
+    modes = _ordered(ttft["mode"], modes)
+    res = _ordered(ttft.resolution, resolutions)
+    names = [v for v in _ordered(ttft.variant, variants) if v != baseline]
+    paired = "paired_saving_pct" in ttft
+    fig, axes = panel_grid(len(modes), ncols=ncols, width=5.4, height=3.6)
+    for ax, mode in zip(axes, modes):
+        sub = ttft[ttft["mode"] == mode]
+        if not paired:
+            base = sub[sub.variant == baseline].set_index(["resolution", "images"]).median_ms
+            sub = sub.assign(paired_saving_pct=[
+                100 * (base.get((r, n), np.nan) - ms) / base.get((r, n), np.nan)
+                for r, n, ms in zip(sub.resolution, sub.images, sub.median_ms)])
+        for name in names:
+            for r in res:
+                rows = sub[(sub.variant == name) & (sub.resolution == r)]
+                if len(rows):
+                    ls, marker = resolution_style(r, res)
+                    _errorbar(ax, rows, "images", "paired_saving_pct",
+                              color=variant_color(name), ls=ls, marker=marker)
+        ax.axhline(0, color="k", lw=0.8)
+        _image_axis(ax, sub.images)
+        ax.set_title(mode)
+        ax.set_ylabel(f"saving over {baseline} [%]")
+    styles = [Line2D([], [], color="k", ls=resolution_style(r, res)[0],
+                     marker=resolution_style(r, res)[1], label=r) for r in res]
+    how = "per-round paired saving, median; bars: p20-p80" if paired else "ratio of medians"
+    return finish(fig, ttft, _variant_handles(names), extra=styles, title=how)

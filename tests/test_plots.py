@@ -1,0 +1,141 @@
+"""The study's plots: fixed colours per variant, error bars, legends outside the data,
+wrapped panels, linear image axes, readable ticks, units in headers, the CPU caveat."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from rope_kernels.study import plots  # noqa: E402
+
+NAMED = ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "vllm_merged",
+         "vllm_merged_recreated", "compiled", "liger", "flashinfer", "quack", "none",
+         "gemm_epilogue", "copy", "cublas_linear", "cublas_linear+fused_rope",
+         "compile_max_autotune", "qkv_rope_linear", "qkv_rope_linear_angles"]
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    plots.use_report_style()
+    yield
+    plt.close("all")
+
+
+def _bench(kind="cuda"):
+    rows = []
+    for heads, head_dim in ((2, 72), (4, 72), (16, 72), (3, 128), (6, 128), (12, 128)):
+        for tokens in (256, 1024, 4096):
+            for variant, scale in (("native", 6.0), ("fused", 1.0), ("my_new_peer", 3.0)):
+                med = scale * tokens / 100
+                rows.append({"variant": variant, "tokens": tokens, "heads": heads,
+                             "head_dim": head_dim, "dtype": "bfloat16", "mode": "cudagraph",
+                             "median_us": med, "p20_us": 0.9 * med, "p80_us": 1.2 * med,
+                             "speedup_vs_native": 6.0 / scale, "pct_of_copy": 80 / scale,
+                             "device_kind": kind})
+    return pd.DataFrame(rows)
+
+
+def _ttft(kind="cuda"):
+    rows = []
+    for mode in ("eager", "cudagraph"):
+        for res, per_image in (("448x448", 5.0), ("1024x1024", 22.0)):
+            for images in (1, 2, 4, 8, 16, 32):
+                for variant, factor, saving in (("native", 1.0, 0.0), ("fused", 0.93, 7.0),
+                                                ("none", 0.92, 8.0)):
+                    ms = per_image * images * factor
+                    rows.append({"variant": variant, "resolution": res, "images": images,
+                                 "mode": mode, "median_ms": ms, "p20_ms": 0.98 * ms,
+                                 "p80_ms": 1.03 * ms, "paired_saving_pct": saving,
+                                 "paired_saving_pct_p20": saving - 0.5,
+                                 "paired_saving_pct_p80": saving + 0.4, "device_kind": kind})
+    return pd.DataFrame(rows)
+
+
+def _line_colours(fig) -> dict[str, set]:
+    """Legend label -> colours of the data lines drawn in that colour."""
+    drawn = {matplotlib.colors.to_hex(line.get_color()) for ax in fig.axes for line in ax.lines}
+    out = {}
+    for legend in fig.legends:
+        for handle, text in zip(legend.legend_handles, legend.get_texts()):
+            colour = matplotlib.colors.to_hex(handle.get_color())
+            out[text.get_text().split(" (")[0]] = colour if colour in drawn else None
+    return out
+
+
+def test_every_named_variant_has_its_own_colour():
+    colours = [plots.variant_color(v) for v in NAMED]
+    assert len(set(colours)) == len(NAMED)
+    unknown = plots.variant_color("someone_elses_kernel")
+    assert unknown == plots.variant_color("someone_elses_kernel")  # stable
+    assert matplotlib.colors.is_color_like(unknown)
+
+
+def test_a_variant_keeps_its_colour_across_plots():
+    kernel = _line_colours(plots.kernel_panels(_bench(), "speedup_vs_native", "x", logy=True))
+    encoder = _line_colours(plots.encoder_latency(_ttft(), mode="eager"))
+    assert kernel["fused"] == encoder["fused"] == plots.variant_color("fused")
+    assert kernel["native"] == encoder["native"] == plots.variant_color("native")
+    assert kernel["my_new_peer"] == plots.variant_color("my_new_peer")  # unknown names plotted
+
+
+def test_panels_wrap_and_legend_sits_outside_the_data():
+    fig = plots.kernel_panels(_bench(), "median_us", "median [us]")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 6
+    rows = {round(ax.get_position().y0, 3) for ax in axes}
+    assert len(rows) == 2  # 3 per row, not 6 in one
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend_box = fig.legends[0].get_window_extent(renderer)
+    for ax in axes:
+        assert not legend_box.overlaps(ax.get_window_extent(renderer))
+
+
+def test_error_bars_come_from_p20_p80():
+    fig = plots.kernel_panels(_bench(), "median_us", "median [us]")
+    ax = fig.axes[0]
+    assert ax.containers, "no error bars drawn"
+    segments = ax.containers[0].lines[2][0].get_segments()
+    low, high = segments[0][:, 1]
+    rows = _bench()
+    first = rows[(rows.variant == "native") & (rows.heads == 2) & (rows.tokens == 256)].iloc[0]
+    assert (low, high) == pytest.approx((first.p20_us, first.p80_us))
+
+
+def test_image_axis_is_linear_and_ticks_readable():
+    fig = plots.saving_vs_native(_ttft())
+    for ax in fig.axes:
+        assert ax.get_xscale() == "linear"
+        assert list(ax.get_xticks()) == [1, 2, 4, 8, 16, 32]
+        assert min(t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()) >= 9
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert {"448x448", "1024x1024"} <= labels  # line style per resolution explained
+
+
+def test_cpu_plots_carry_the_caveat_and_gpu_plots_do_not():
+    cpu = plots.encoder_latency(_ttft("cpu"), mode="eager")
+    gpu = plots.encoder_latency(_ttft("cuda"), mode="eager")
+    assert cpu._supxlabel.get_text().replace("\n", " ") == plots.CPU_CAVEAT
+    assert gpu._supxlabel is None
+
+
+def test_table_headers_carry_units():
+    table = plots.with_units(_bench()[["variant", "tokens", "median_us", "pct_of_copy",
+                                       "speedup_vs_native"]])
+    assert list(table.columns) == ["variant", "tokens", "median [us]", "of copy bandwidth [%]",
+                                   "speedup vs native [x]"]
+    assert plots.header("fused_saving_pct") == "fused saving vs native [%]"
+    assert plots.header("median_us_best") == "median [us] (best)"
+
+
+def test_rate_error_bars_follow_the_time_spread():
+    rows = _bench().iloc[:1]
+    low, high = plots.spread(rows, "speedup_vs_native")
+    value = rows.speedup_vs_native.iloc[0]
+    assert low[0] == pytest.approx(value / 1.2) and high[0] == pytest.approx(value / 0.9)
+    assert plots.spread(rows.drop(columns=["p20_us", "p80_us"]), "speedup_vs_native") is None
+    assert np.all(low <= value) and np.all(high >= value)
