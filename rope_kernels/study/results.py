@@ -58,7 +58,8 @@ class Table:
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
 TABLES: dict[str, Table] = {
-    "microbench.csv": Table(MICROBENCH_KEY, added=PEER_COLUMNS),
+    "microbench.csv": Table(MICROBENCH_KEY,
+                            added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed")),
     "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
                                 "block_h", "num_warps", "device_name")),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
