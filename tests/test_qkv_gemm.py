@@ -265,3 +265,20 @@ def test_bad_angles_inputs_and_settings():
     with pytest.raises(ValueError, match="disagree on whether there is a bias"):
         qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis),
                         config=QKVGemmConfig(block_n=32, heads_per_tile=4), permuted=permuted)
+
+
+def test_qkv_bench_rows_and_roofline():
+    """The benchmark's rows on a tiny CPU problem (wall clock), and its roofline table."""
+    from rope_kernels.bench.qkv_bench import image_grids, roofline, run_qkv_bench
+
+    assert sum(t * h * w for t, h, w in image_grids(87616)) == 87616
+    df = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
+                       samples=1, variants=("cublas_linear", "qkv_rope_linear"), progress=False)
+    assert list(df.variant) == ["cublas_linear", "qkv_rope_linear"]
+    assert (df.median_us > 0).all() and (df.p20_us <= df.p80_us).all()
+    assert df.ratio_to_cublas.iloc[0] == 1.0
+    assert {"device_name", "git_commit", "torch_version", "tflops", "note"} <= set(df.columns)
+    roof = roofline(df, peak_tflops=100.0, hbm_gbps=1000.0)
+    assert (roof.ceiling_tflops <= 100.0).all() and (roof.fraction_of_ceiling > 0).all()
+    with pytest.raises(ValueError, match="unknown variants"):
+        run_qkv_bench((37,), device="cpu", variants=("cublas",))

@@ -413,10 +413,12 @@ class QKVGemmConfig:
         return self.block_n // (2 * self.heads_per_tile)
 
 
-# Measured on an H200 (tools/qkv_probe.py: 1152 -> 3456 at 43,808 and 87,616
-# tokens, CUDA graphs, bf16); the sweep's numbers are in the README and in
-# data/nvidia-h200/qkv_gemm.csv.
-GPU_TILES = dict(block_m=128, block_k=64, group_m=8, num_stages=4, num_warps=8)
+# Measured on an H200 (tools/qkv_probe.py at 1a5bc46, data/nvidia-h200/qkv_gemm_configs.csv:
+# 1152 -> 3456, bf16, CUDA graphs): of 12 configs, 128x128x64 tiles, 4 stages, 8 warps,
+# one program per tile was fastest at 87,616 tokens (1521 us) and within 3% of the
+# fastest at 43,808 (778 vs 758 us). The persistent grid was slower here (1578 us
+# at best, with group_m=1; group_m=8 costs 15-20% in the persistent kernel).
+GPU_TILES = dict(block_m=128, block_k=64, group_m=8, num_stages=4, num_warps=8, persistent=False)
 
 
 def tile_layout(heads: int, head_dim: int, widths=(128, 64), min_pairs: int = 1) -> tuple[int, int]:
