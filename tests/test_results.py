@@ -184,3 +184,18 @@ def test_stale_temp_files_are_swept_and_fresh_ones_kept(tmp_path):
         os.utime(p, (0, 0))
     assert results.sweep_temp_files(tmp_path) == sorted(stale)
     assert sorted(tmp_path.iterdir()) == sorted(keep + [fresh])
+
+
+def test_run_lock_lets_concurrent_runs_share_and_only_a_lone_run_sweeps(tmp_path):
+    """Job-array tasks share a device folder: a second run joins (no timeout) and
+    does not sweep; the first, alone, sweeps. An exclusive holder blocks both."""
+    swept = []
+    with results.run_lock(tmp_path / ".run", when_alone=lambda: swept.append("first")):
+        with results.run_lock(tmp_path / ".run", timeout_s=0.5,
+                              when_alone=lambda: swept.append("second")):
+            pass
+    assert swept == ["first"]
+    with results.file_lock(tmp_path / ".run"):  # an exclusive holder (e.g. an old runner)
+        with pytest.raises(TimeoutError, match="held by another run"):
+            with results.run_lock(tmp_path / ".run", timeout_s=0.2):
+                pass

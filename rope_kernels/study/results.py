@@ -96,6 +96,42 @@ def file_lock(path: Path, timeout_s: float = 600.0):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def run_lock(path: Path, timeout_s: float = 600.0, *, when_alone=None):
+    """A lock on a device folder held for a whole study run.
+
+    Several runs may share a device folder (a Slurm job array's tasks): each
+    result file has its own exclusive lock and reports are replaced atomically,
+    so runs hold the folder lock shared. A run that finds nobody else gets it
+    exclusive first and calls ``when_alone()`` (cleaning up what killed runs
+    left, which must not touch a live run's files), then downgrades to shared."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                if when_alone is not None:
+                    when_alone()
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_SH)  # downgrade: others may join now
+        except BlockingIOError:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{lock_path} is held by another run for over {timeout_s} s")
+                    time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Replace ``path`` with ``data`` atomically (temp file + fsync + rename)."""
     path = Path(path)

@@ -360,12 +360,15 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     report_dir = root / "reports" / slug
     written = []
     from rope_kernels.study.reports import build_index, notebook_to_html
-    from rope_kernels.study.results import file_lock, sweep_temp_files
+    from rope_kernels.study.results import run_lock, sweep_temp_files
 
-    # One study per device folder at a time; what a killed run left behind goes first.
-    with file_lock(report_dir / ".run", timeout_s=5.0):
+    # Runs may share a device folder (job-array tasks; result files lock per write).
+    # Only a run that finds no other sweeps what killed runs left behind.
+    def sweep():
         for folder in (data_dir, report_dir):
             sweep_temp_files(folder)
+
+    with run_lock(report_dir / ".run", when_alone=sweep):
         for i, nb in enumerate(notebooks, 1):
             nb_params = dict(params[nb])
             for name, value in (("device", kind), ("data_dir", str(data_dir)),
