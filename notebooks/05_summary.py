@@ -25,6 +25,8 @@ data_root = "../data"  # merges data/<device>/*.csv across devices
 # `reports/index.html`). Every figure comes from the committed CSVs, with the commit that made it.
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
 from pathlib import Path
 
 import pandas as pd
@@ -40,6 +42,8 @@ with_units(summary).T if len(summary) else "no device data yet"
 # Provenance of every CSV row, per device and file:
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
 frames = []
 for name in ("microbench.csv", "ttft.csv", "launches.csv", "correctness.csv", "fused_configs.csv"):
     df = load_device_tables(Path(data_root), name)
