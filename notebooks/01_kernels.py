@@ -106,6 +106,18 @@ pd.DataFrame([{"variant": n, "launches": VARIANTS[n].launches,
                "launches_fp32": VARIANTS[n].launches_fp32,
                "description": VARIANTS[n].description} for n in names])
 
+# %% [markdown]
+# ## Peers: the engines' own code at pinned versions
+#
+# A peer is someone else's shipped code, run from their package (or from the few files it
+# runs, fetched from the pinned wheel by `python -m rope_kernels peers fetch` and checked
+# against pinned sha256s). Which ran here, and why the others did not:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rope_kernels.variants import peer_status
+pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
+
 # %%
 rows = []
 for name in names:

@@ -24,7 +24,10 @@ samples = 3
 config_sweep = False  # time fused launch configs (block sizes) on sweep_shapes
 sweep_shapes = [[8192, 16, 72]]  # [tokens, heads, head_dim]
 progress = True
-data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: do not save
+qkv_gemm = False  # also time the QKV projection with RoPE in its epilogue (GPU only)
+qkv_tokens = [37]  # token counts of the QKV projection benchmark (1152 -> 3456)
+qkv_compile_budget_s = 60  # torch.compile max-autotune gets at most this long, else recorded as skipped
+data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv, qkv_gemm.csv); empty: do not save
 
 # %% [markdown]
 # # 2. Microbenchmarks: speedup, roofline, and PR #50400's table
@@ -59,7 +62,8 @@ from rope_kernels.study import plots
 from rope_kernels.study.devices import provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.plots import with_units
-from rope_kernels.study.summary import pr_comparison
+from rope_kernels.study.summary import judge_against_minimum, pr_comparison
+from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 names = variants or list(VARIANTS)
@@ -67,6 +71,14 @@ names = variants or list(VARIANTS)
 # %%
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
+
+# %% [markdown]
+# Which peers ran here, from which package, version and source hash (sha256 of the file(s) the
+# peer runs), and why the others did not:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -138,8 +150,11 @@ else:
 # ## The study's targets
 #
 # Evaluated from the rows above (benchmarks, not tests): fused at >= 90% of the copy ceiling at
-# 8192 tokens and more; fused at or under the PR's fused time on its 12 rows; at 16 x 72 and
-# 4096+ tokens fused at least 1.5x `compiled` and 3x `liger`.
+# 8192 tokens and more (a time under the physical minimum reads "within noise", never "met");
+# fused at or under the PR's fused time on its 12 rows; at 16 x 72 and 4096+ tokens fused at
+# least 1.5x `compiled` and 3x `liger`; against what the engines ship, on Kimi's shapes
+# (16/4/2 heads x 72, >= 5476 tokens): fused at least 2.0x vLLM 0.33's `vllm_packed_qk` at 16
+# heads (and faster at 4 and 2), and at least 1.05x SGLang's `sglang_vision`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -147,18 +162,26 @@ g = bench[(bench["mode"] == "cudagraph") & (bench.dtype == "bfloat16")] if "cuda
 checks = []
 f = g[(g.variant == "fused") & (g.tokens >= 8192)]
 for _, r in f.iterrows():
+    verdict, reason = judge_against_minimum(r.median_us, r.bytes / (r.copy_gbps * 1e3), 100 / 90)
     checks.append({"target": "fused >= 90% of copy", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                   "unit": "%", "value": r.pct_of_copy, "goal": 90.0, "met": r.pct_of_copy >= 90.0})
+                   "unit": "%", "value": r.pct_of_copy, "goal": 90.0, "verdict": verdict, "reason": reason})
 for m, label in (("cudagraph", "cold L2"), ("cudagraph_warm", "warm L2")):
     for _, r in cmp.get(m, pd.DataFrame()).iterrows():
         checks.append({"target": f"fused <= PR fused ({label})", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                       "unit": "us", "value": r.our_fused_us, "goal": r.fused_us, "met": r.our_fused_us <= r.fused_us})
-kimi = g[(g.heads == 16) & (g.head_dim == 72) & (g.tokens >= 4096)].pivot_table(index="tokens", columns="variant", values="median_us")
-for peer, goal in (("compiled", 1.5), ("liger", 3.0)):
-    if peer in kimi and "fused" in kimi:
-        for t, r in kimi.iterrows():
-            ratio = r[peer] / r["fused"]
-            checks.append({"target": f"{peer} time / fused time", "shape": f"{t}x16x72", "unit": "x", "value": ratio, "goal": goal, "met": ratio >= goal})
+                       "unit": "us", "value": r.our_fused_us, "goal": r.fused_us, "verdict": r.check, "reason": ""})
+kimi_all = g[(g.head_dim == 72)].pivot_table(index=["heads", "tokens"], columns="variant", values="median_us")
+goals = [("compiled", 1.5, lambda h, t: h == 16 and t >= 4096), ("liger", 3.0, lambda h, t: h == 16 and t >= 4096),
+         ("vllm_packed_qk", 2.0, lambda h, t: h == 16 and t >= 5476),
+         ("vllm_packed_qk", 1.0, lambda h, t: h != 16 and t >= 5476),
+         ("sglang_vision", 1.05, lambda h, t: t >= 5476)]
+for peer, goal, applies in goals:
+    if peer in kimi_all and "fused" in kimi_all:
+        for (h, t), r in kimi_all.iterrows():
+            if applies(h, t):
+                ratio = r[peer] / r["fused"]
+                checks.append({"target": f"{peer} time / fused time", "shape": f"{t}x{h}x72", "unit": "x",
+                               "value": ratio, "goal": goal, "verdict": "met" if ratio >= goal else "missed",
+                               "reason": ""})
 targets = pd.DataFrame(checks)
 targets.round(2) if len(targets) else print("Targets are defined for the GPU profile (cudagraph mode).")
 
@@ -195,6 +218,41 @@ if config_sweep and dev.type == "cuda":
          "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
 else:
     print("config sweep skipped (config_sweep=False or no GPU)")
+
+# %% [markdown]
+# ## RoPE inside the QKV projection's epilogue (1152 -> 3456, bf16)
+#
+# The best standalone RoPE still reads and writes q and k once more after the QKV projection
+# wrote them. Here: cuBLAS alone (`cublas_linear`, the floor), cuBLAS then the fused RoPE in
+# place (`cublas_linear+fused_rope`, today's best), torch.compile max-autotune of rope(linear(x))
+# (`compile_max_autotune`), and this project's Triton GEMM rotating q/k in its epilogue, from the
+# cos/sin table (`qkv_rope_linear`) or with angles computed in the kernel from each token's patch
+# coordinates (`qkv_rope_linear_angles`). Compute-bound: the roof is a large cuBLAS GEMM's rate.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if qkv_gemm and kind != "cpu":
+    from rope_kernels.bench.qkv_bench import QKV_KEY, peak_bf16_tflops, roofline, run_qkv_bench
+    qkv = run_qkv_bench(qkv_tokens, device=dev, samples=samples,
+                        compile_budget_s=qkv_compile_budget_s, progress=progress)
+    if data_dir:
+        from rope_kernels.study.results import upsert_csv
+        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv, QKV_KEY)
+    display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))
+    display(qkv[qkv.note != ""][["variant", "tokens", "note"]])
+    peak = peak_bf16_tflops(dev)
+    roof = roofline(qkv, peak)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, grp in roof.groupby("variant"):
+        ax.plot(grp.tokens, grp.tflops, marker="o", label=name, color=plots.variant_color(name))
+    ax.axhline(peak, color="k", ls="--", label=f"compute roof: cuBLAS 8192^3, {peak:.0f} TFLOP/s")
+    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel("TFLOP/s (2 T 1152 3456 / time)")
+    ax.set_ylim(0, peak * 1.1)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
+else:
+    print("QKV projection benchmark: GPU profile only (qkv_gemm=True)")
 
 # %% [markdown]
 # **Caveats.** Timings are of the RoPE call alone; in a model its inputs come from the qkv

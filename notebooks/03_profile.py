@@ -57,7 +57,8 @@ kind, dev = notebook_setup(device)  # quiet known warnings, display and plot sty
 names = variants or list(VARIANTS)
 dt = parse_dtype(dtype)
 xq, xk, freqs = make_arg_sets(Shape(tokens, heads, head_dim), dt, dev, 1)[0]
-derived = {"native": 6, "vllm_merged": 8, "fused": 1, "fused_inplace": 1}
+derived = {"native": 6, "vllm_merged": 8, "vllm_merged_recreated": 8, "vllm_packed_qk": 1,
+           "sglang_vision": 1, "fused": 1, "fused_inplace": 1}
 print(f"Profiled shape: {tokens} tokens x {heads} heads x head_dim {head_dim}, {dtype}; q and k are "
       f"strided views of a packed ({tokens}, 3, {heads}, {head_dim}) qkv buffer. "
       f"Per-forward counts: x {layers} layers.")
@@ -70,6 +71,9 @@ pd.Series(provenance(kind)).to_frame("this run")
 rows, kernel_tables = [], {}
 for name in names:
     v = VARIANTS[name]
+    if v.unsupported(dt):
+        print(f"{name}: not run in {dtype} ({v.unsupported(dt)})")
+        continue
     if dev.type == "cuda":
         from rope_kernels.bench.profiling import kernel_summary, profile_call
         trace = Path(report_dir) / "traces" / f"{name}.json.gz" if report_dir else None
@@ -83,7 +87,7 @@ for name in names:
         source = "dispatcher + Triton launches (CPU stand-in)"
     rows.append({"variant": name, "launches_per_call": measured, "recorded": v.launch_count(dt),
                  "derived_from_code": derived.get(name), "per_forward": None if measured is None else measured * layers,
-                 "source": source})
+                 "source": source, **v.peer_columns})
 launches = pd.DataFrame(rows)
 with_units(launches)
 

@@ -16,6 +16,7 @@
 # %% tags=["parameters"]
 # Parameters (papermill)
 data_root = "../data"  # merges data/<device>/*.csv across devices
+device_folders = "committed"  # committed: devices git tracks (nbval's default); all: local runs too (the runner sets it)
 
 # %% [markdown]
 # # 5. Across devices
@@ -35,7 +36,7 @@ from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import all_devices, load_device_tables
 
 pd.set_option("display.width", 200)
-summary = all_devices(Path(data_root))
+summary = all_devices(Path(data_root), device_folders)
 with_units(summary).T if len(summary) else "no device data yet"
 
 # %% [markdown]
@@ -45,11 +46,24 @@ with_units(summary).T if len(summary) else "no device data yet"
 # NBVAL_IGNORE_OUTPUT
 # (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
 frames = []
-for name in ("microbench.csv", "ttft.csv", "launches.csv", "correctness.csv", "fused_configs.csv"):
-    df = load_device_tables(Path(data_root), name)
+for name in ("microbench.csv", "ttft.csv", "launches.csv", "correctness.csv", "fused_configs.csv", "qkv_gemm.csv"):
+    df = load_device_tables(Path(data_root), name, device_folders)
     if len(df):
         frames.append(df.groupby("device_folder").agg(
             rows=("device_name", "size"), device=("device_name", "first"), torch=("torch_version", "first"),
             triton=("triton_version", "first"), commits=("git_commit", lambda s: ", ".join(sorted(set(s))))
         ).assign(file=name).reset_index())
 pd.concat(frames, ignore_index=True) if frames else "no device data yet"
+
+# %% [markdown]
+# ## Compiled for GPUs we could not run on
+#
+# Every Triton kernel the project owns, compiled ahead of time on a CPU machine by Triton's own
+# compiler for AMD gfx942 (MI300X) and gfx90a (MI250) and NVIDIA sm_90 and sm_100
+# (`python -m rope_kernels compile-matrix`; `data/compile/compile_matrix.csv`). It proves the
+# kernels compile there and what they use (registers, spills, shared memory), not that they run
+# correctly or fast there.
+
+# %%
+from rope_kernels.bench.compile_matrix import compile_matrix_table
+compile_matrix_table()

@@ -167,6 +167,17 @@ def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float
     return out
 
 
+def paired_gain_pct(times: dict[str, list[float]], variant: str, against: str) -> tuple[float, float, float]:
+    """How much faster ``variant`` ran than ``against`` in the same rounds:
+    100 (against_i - variant_i) / against_i per round, as (median, p20, p80)."""
+    for name in (variant, against):
+        if name not in times:
+            raise ValueError(f"{name!r} was not timed; timed: {sorted(times)}")
+    if len(times[variant]) != len(times[against]):
+        raise ValueError(f"{variant!r} and {against!r} have different round counts")
+    return median_p20_p80([100 * (a - v) / a for v, a in zip(times[variant], times[against])])
+
+
 def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds, *,
                 profiled: dict[str, tuple[float, float]], peaks: dict[str, float],
                 copy_gbps: float, **fields) -> list[dict]:
