@@ -474,8 +474,10 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
     os.close(fd)
     quiet = {} if verbose else {"kernel_manager_class": _quiet_kernel_manager()}
     try:
+        # "python3" is jupyter_client's name for this very interpreter: batch runs need
+        # no registered kernelspec (air-gapped nodes rarely have "rope-study").
         papermill.execute_notebook(str(src), tmp, parameters=parameters, cwd=str(cwd),
-                                   kernel_name=kernel_name, progress_bar=False,
+                                   kernel_name=kernel_name or "python3", progress_bar=False,
                                    log_output=False, report_mode=False,
                                    stderr_file=progress, stdout_file=progress if verbose else None,
                                    **quiet)
