@@ -302,3 +302,14 @@ def test_gpu_bench_shape_in_place_variant_leaves_shared_sets_alone():
                                                   torch.device("cuda")) for r in rows)
     assert all(r["copy_same_bytes_us"] > 0 and r["rounds"] == 2 for r in rows)
     assert SAME_BYTES_COPY not in {r["variant"] for r in rows}
+
+
+def test_device_of_looks_into_bundled_argument_sets():
+    """The QKV benchmark passes one dict per call; its tensors' device decides the
+    timer (a dict once read as 'no tensor' sent GPU runs to 'needs a GPU')."""
+    from rope_kernels.bench.timing import _device_of
+
+    meta = torch.empty(1, device="meta")
+    assert _device_of(({"x": meta, "n": 3},)).type == "meta"
+    assert _device_of(([1, (meta,)],)).type == "meta"
+    assert _device_of((1, "a")).type == "cpu"

@@ -204,10 +204,17 @@ def time_rounds(
     return RoundTimings(timings, orders, seed)
 
 
-def _device_of(args: tuple) -> torch.device:
-    for a in args:
+def _device_of(args) -> torch.device:
+    """The device of the first tensor among ``args``, looking into tuples, lists
+    and dicts (an argument set may bundle its tensors); CPU when there is none."""
+    items = list(args.values()) if isinstance(args, dict) else list(args)
+    for a in items:
         if isinstance(a, torch.Tensor):
             return a.device
+        if isinstance(a, (tuple, list, dict)):
+            found = _device_of(a)
+            if found.type != "cpu":
+                return found
     return torch.device("cpu")
 
 
