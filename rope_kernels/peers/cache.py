@@ -263,3 +263,30 @@ def fetch_all(*, root: Path | None = None, wheels: Path | None = None,
               force: bool = False) -> list[str]:
     """Cache every pinned engine's peer files (``python -m rope_kernels peers fetch``)."""
     return [fetch_pin(pin, root=root, wheels=wheels, force=force) for pin in PINS.values()]
+
+
+def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only") -> tuple[bool, str]:
+    """(runs here, why not) for a CUDA-only peer used only where its package is
+    installed: it must import, find a CUDA device, and pass a tiny float64 check
+    (``fn`` rotates packed-qkv views in place)."""
+    import importlib.util
+
+    import torch
+
+    from rope_kernels.kernels.checks import triton_interpreter_enabled
+
+    if importlib.util.find_spec(module) is None:
+        return False, f"{package} not installed (pinned {pinned}; {why})"
+    if not torch.cuda.is_available() or triton_interpreter_enabled():
+        return False, f"{package} installed but needs a CUDA device"
+    try:
+        from rope_kernels.bench.correctness import check_variant
+
+        res = check_variant(fn, tokens=8, heads=2, head_dim=72, device="cuda", inplace=True,
+                            name=module)
+    except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
+        return False, f"{package} failed on this device: {type(exc).__name__}: {exc}"
+    if not res.passed:
+        return False, f"{package} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
+    return True, ""
+

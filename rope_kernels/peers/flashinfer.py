@@ -12,14 +12,12 @@ forward: 2 of the 3 launches).
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_writable_in_place,
-                                         triton_interpreter_enabled)
-from rope_kernels.peers.cache import installed_version, sha256_file
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_writable_in_place
+from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
 
 PACKAGE = "flashinfer-python"
 PINNED_VERSION = "0.7.2.post1"
@@ -43,20 +41,7 @@ def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
 @functools.cache
 def availability() -> tuple[bool, str]:
     """(runs here, why not): installed, a CUDA device, and a tiny call that matches float64."""
-    if importlib.util.find_spec("flashinfer") is None:
-        return False, f"{PACKAGE} not installed (pinned {PINNED_VERSION}; CUDA only)"
-    if not torch.cuda.is_available() or triton_interpreter_enabled():
-        return False, f"{PACKAGE} installed but needs a CUDA device"
-    try:
-        from rope_kernels.bench.correctness import check_variant
-
-        res = check_variant(flashinfer_rope, tokens=8, heads=2, head_dim=72, device="cuda",
-                            inplace=True, name="flashinfer")
-    except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
-        return False, f"{PACKAGE} failed on this device: {type(exc).__name__}: {exc}"
-    if not res.passed:
-        return False, f"{PACKAGE} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
-    return True, ""
+    return installed_cuda_peer("flashinfer", PACKAGE, PINNED_VERSION, flashinfer_rope, why="CUDA only")
 
 
 def source() -> tuple[str, str]:

@@ -10,14 +10,13 @@ first (2 of the 3 launches).
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk, triton_interpreter_enabled
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.reference import cos_sin_views
-from rope_kernels.peers.cache import installed_version, sha256_file
+from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
 from rope_kernels.peers.vllm import packed_qkv_of
 
 PACKAGE = "quack-kernels"
@@ -44,20 +43,7 @@ def quack_rope(xq: torch.Tensor, xk: torch.Tensor,
 @functools.cache
 def availability() -> tuple[bool, str]:
     """(runs here, why not): installed, a CUDA device, and a tiny call that matches float64."""
-    if importlib.util.find_spec("quack") is None:
-        return False, f"{PACKAGE} not installed (pinned {PINNED_VERSION}; CUDA only, CuTe DSL)"
-    if not torch.cuda.is_available() or triton_interpreter_enabled():
-        return False, f"{PACKAGE} installed but needs a CUDA device"
-    try:
-        from rope_kernels.bench.correctness import check_variant
-
-        res = check_variant(quack_rope, tokens=8, heads=2, head_dim=72, device="cuda",
-                            inplace=True, name="quack")
-    except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
-        return False, f"{PACKAGE} failed on this device: {type(exc).__name__}: {exc}"
-    if not res.passed:
-        return False, f"{PACKAGE} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
-    return True, ""
+    return installed_cuda_peer("quack", PACKAGE, PINNED_VERSION, quack_rope, why="CUDA only, CuTe DSL")
 
 
 def source() -> tuple[str, str]:
