@@ -334,3 +334,24 @@ def test_execute_notebook_keeps_cell_logs_off_the_terminal(tmp_path, monkeypatch
                             verbose=True)
     assert "kernel_manager_class" not in seen
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["a.ipynb"]
+
+
+def test_batch_runs_need_no_registered_kernelspec(tmp_path, monkeypatch):
+    """The notebooks name the study's JupyterLab kernel; a batch run on a node
+    without that registration (the H200 failed with NoSuchKernel) runs them with
+    this interpreter's kernel, "python3", unless a kernel is asked for."""
+    import papermill
+
+    from rope_kernels.study.runner import execute_notebook
+
+    seen = []
+
+    def fake_execute(src, out, **kw):
+        seen.append(kw["kernel_name"])
+        Path(out).write_text(Path(src).read_text())
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    src = ROOT / "notebooks" / "05_summary.ipynb"
+    execute_notebook(src, tmp_path / "a.ipynb", {}, cwd=tmp_path)
+    execute_notebook(src, tmp_path / "b.ipynb", {}, cwd=tmp_path, kernel_name="rope-study")
+    assert seen == ["python3", "rope-study"]
