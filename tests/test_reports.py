@@ -210,3 +210,20 @@ def test_stored_reports_carry_no_host_paths():
     for html in sorted((ROOT / "reports").glob("*/*.html")):
         page = html.read_text()
         assert not [leak for leak in ("/opt/", "/tmp/site", ".venv/") if leak in page], html
+
+
+def test_coloured_tracebacks_lose_their_host_paths():
+    """A failed cell's traceback is ANSI-coloured; the colour code sits right before
+    the path ("\\x1b[32m/opt/...") and once hid it from the scrubber."""
+    import nbformat
+
+    from rope_kernels.study.reports import clean_outputs
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1/0")
+    cell.outputs = [nbformat.v4.new_output(
+        "error", ename="KeyError", evalue="x",
+        traceback=["\x1b[36mFile \x1b[39m\x1b[32m/opt/torch/.venv/lib/python3.12/base.py:3641\x1b[39m"])]
+    nb.cells.append(cell)
+    line = clean_outputs(nb).cells[0].outputs[0].traceback[0]
+    assert "/opt/" not in line and ".venv" not in line and "base.py:3641" in line

@@ -37,6 +37,7 @@ def strip_remote_resources(page: str) -> str:
 _HOST_PATH = re.compile(
     r"(?<![\w.-])(?:/(?:opt|tmp|home|root|usr|var|mnt|scratch|work|srv|private|Users)"
     r"|[\w.-]*\.venv)(?:/[^\s'\"<>:,;()\[\]]+)+")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TEXT_MIMES = ("text/plain", "text/html", "text/markdown", "text/latex")
 
 
@@ -65,7 +66,8 @@ def clean_outputs(nb, root: Path = REPO_ROOT):
                     if isinstance(out.data.get(mime), str):
                         out.data[mime] = scrub_host_paths(out.data[mime], root)
             elif out.output_type == "error":
-                out.traceback = [scrub_host_paths(line, root) for line in out.traceback]
+                # colour codes glue to the paths they colour ("\x1b[32m/opt/..."): drop them first
+                out.traceback = [scrub_host_paths(_ANSI.sub("", line), root) for line in out.traceback]
             kept.append(out)
         cell.outputs = kept
     return nb
