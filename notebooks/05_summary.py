@@ -66,4 +66,6 @@ pd.concat(frames, ignore_index=True) if frames else "no device data yet"
 
 # %%
 from rope_kernels.bench.compile_matrix import compile_matrix_table
-compile_matrix_table()
+matrix_csv = Path(data_root) / "compile" / "compile_matrix.csv"
+compile_matrix_table(matrix_csv) if matrix_csv.exists() else print(
+    f"no {matrix_csv.name} under {data_root}/compile: python -m rope_kernels compile-matrix writes it")

@@ -398,10 +398,12 @@ def finish(state: Path, root: Path = REPO_ROOT, log=print) -> pd.DataFrame:
         report_dir = root / "reports" / device
         executed = execute_notebook(root / "notebooks" / f"{SUMMARY_NOTEBOOK}.ipynb",
                                     report_dir / f"{SUMMARY_NOTEBOOK}.ipynb",
-                                    {"data_root": str(root / "data")}, cwd=root / "notebooks")
+                                    {"data_root": str(root / "data"), "device_folders": "all"},
+                                    cwd=root / "notebooks")
         notebook_to_html(executed, report_dir / f"{SUMMARY_NOTEBOOK}.html")
         log(f"{SUMMARY_NOTEBOOK} -> {report_dir.relative_to(root)}")
-    log(f"index: {build_index(root).relative_to(root)}")
+    # A cluster's results are not committed yet: the index lists every device folder.
+    log(f"index: {build_index(root, 'all').relative_to(root)}")
     missing = missing_shards(status)
     if len(missing):
         log(f"{len(missing)} shard(s) missing: {', '.join(missing['label'])}\n"
