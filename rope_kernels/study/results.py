@@ -74,22 +74,31 @@ TABLES: dict[str, Table] = {
 }
 
 
+def _lock_file(path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(path.name + ".lock")
+
+
+def _flock_within(fh, operation: int, lock_path: Path, timeout_s: float) -> None:
+    """Take ``operation`` (LOCK_EX or LOCK_SH) on ``fh``, polling until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fh.fileno(), operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock_path} is held by another run for over {timeout_s} s")
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, timeout_s: float = 600.0):
     """Exclusive advisory lock on ``<path>.lock`` for the duration of the block."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".lock")
+    lock_path = _lock_file(path)
     with open(lock_path, "a+") as fh:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{lock_path} is held by another run for over {timeout_s} s")
-                time.sleep(0.05)
+        _flock_within(fh, fcntl.LOCK_EX, lock_path, timeout_s)
         try:
             yield
         finally:
@@ -105,27 +114,21 @@ def run_lock(path: Path, timeout_s: float = 600.0, *, when_alone=None):
     so runs hold the folder lock shared. A run that finds nobody else gets it
     exclusive first and calls ``when_alone()`` (cleaning up what killed runs
     left, which must not touch a live run's files), then downgrades to shared."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = path.with_name(path.name + ".lock")
+    lock_path = _lock_file(path)
     with open(lock_path, "a+") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        if alone:
             try:
                 if when_alone is not None:
                     when_alone()
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_SH)  # downgrade: others may join now
-        except BlockingIOError:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{lock_path} is held by another run for over {timeout_s} s")
-                    time.sleep(0.05)
+        else:
+            _flock_within(fh, fcntl.LOCK_SH, lock_path, timeout_s)
         try:
             yield
         finally:
