@@ -27,7 +27,7 @@ modes = ["eager"]  # eager | cudagraph
 samples = 2
 attention = "auto"  # auto | sdpa_cudnn_batched | sdpa_batched | varlen_attn | sdpa_per_image
 max_tokens = 400000  # skip buckets with more vision tokens than this (memory)
-prefill_tokens_per_s = 0.0  # > 0: add a modeled TTFT = encoder + LLM prefill (a model, labelled)
+prefill_tokens_per_s = 0.0  # > 0: add a modeled TTFT, encoder plus LLM prefill (a model, labelled)
 seed = 0
 progress = True
 data_dir = ""  # where to upsert ttft.csv; empty: do not save
