@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from rope_kernels.peers.cache import export_peers_dir
+
+    export_peers_dir()  # one absolute cache folder for this process and every child it starts
     return args.func(args)
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +212,87 @@ def test_loading_leaves_no_fake_engine_in_sys_modules(engine_peers):
     """The vllm.triton_utils shim exists only while packed_qk_rope.py is imported."""
     if cache.installed_version("vllm") is None:
         assert "vllm" not in sys.modules and "vllm.triton_utils" not in sys.modules
+
+
+# -- what runs is what was checked ----------------------------------------------------
+GENUINE = b'def answer():\n    return "pinned"\n'
+SWAPPED = b'def answer():\n    return "swappd"\n'  # same size
+
+
+@pytest.fixture
+def fake_pin(tmp_path, monkeypatch):
+    """A pinned one-file 'engine' in a cache under tmp_path (no wheel needed)."""
+    import hashlib
+
+    path = "fakepeer/ops/kernel.py"
+    digest = hashlib.sha256(GENUINE).hexdigest()
+    pin = cache.PinnedWheel("fakepeer", "1.0", "fakepeer-1.0-py3-none-any.whl", "0" * 64,
+                            "3.11", "any", {path: digest})
+    monkeypatch.setitem(cache.PINS, "fakepeer", pin)
+    folder = tmp_path / pin.key
+    (folder / path).parent.mkdir(parents=True)
+    (folder / path).write_bytes(GENUINE)
+    (folder / cache.MANIFEST).write_text(json.dumps(
+        {"package": "fakepeer", "version": "1.0", "files": [{"path": path, "sha256": digest}]}))
+    yield tmp_path, path, folder / path
+    for name in [n for n in sys.modules if n.startswith("rope_kernels._peer.fakepeer_")]:
+        del sys.modules[name]
+
+
+def test_a_file_swapped_after_the_check_does_not_run(fake_pin):
+    """The bytes hashed are the bytes executed, and the source inspect (so Triton) sees."""
+    import inspect
+    import linecache
+
+    root, path, target = fake_pin
+    src = cache.find_source("fakepeer", path, root=root)
+    target.write_bytes(SWAPPED)  # between the check and the load
+    module = cache.load_module(src)
+    assert module.answer() == "pinned"
+    assert '"pinned"' in inspect.getsource(module.answer)
+    assert inspect.getsource(module) == GENUINE.decode()
+    linecache.clearcache()  # then the source is unavailable, never the file on disk
+    with pytest.raises(OSError):
+        inspect.getsource(module.answer)
+
+
+def test_a_planted_pyc_does_not_run_and_none_is_written(fake_pin):
+    """A __pycache__ entry valid for the genuine file's mtime and size, compiled from other
+    source, is what an import would execute; loading a peer never reads (or writes) one."""
+    import importlib.util
+    import py_compile
+
+    root, path, target = fake_pin
+    target.write_bytes(SWAPPED)
+    pyc = Path(importlib.util.cache_from_source(str(target)))
+    py_compile.compile(str(target), cfile=str(pyc), doraise=True)
+    stamp = target.stat().st_mtime
+    target.write_bytes(GENUINE)
+    os.utime(target, (stamp, stamp))  # the pyc's header now matches the genuine file
+    module = cache.load_module(cache.find_source("fakepeer", path, root=root))
+    assert module.answer() == "pinned"
+    pyc.unlink()
+    for name in [n for n in sys.modules if n.startswith("rope_kernels._peer.fakepeer_")]:
+        del sys.modules[name]
+    cache.load_module(cache.find_source("fakepeer", path, root=root))
+    assert not pyc.parent.exists() or not any(pyc.parent.iterdir())
+
+
+def test_peers_dir_is_absolute_with_home_expanded(tmp_path, monkeypatch):
+    """A relative ROPE_PEERS_DIR keeps naming the same folder after a chdir (notebooks run
+    in notebooks/), child processes get the absolute path, and '~' is the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ROPE_PEERS_DIR", "~/peer-cache")
+    assert cache.peers_dir() == tmp_path / "home" / "peer-cache"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROPE_PEERS_DIR", "rel-cache")
+    first = cache.peers_dir()
+    assert first == tmp_path / "rel-cache"
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert cache.peers_dir() == first
+    from rope_kernels.study.runner import kernel_sees_repo
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    kernel_sees_repo()  # what `run` does before it starts a notebook's kernel
+    assert os.environ["ROPE_PEERS_DIR"] == str(first)

@@ -7,16 +7,21 @@ the pinned wheel once, checks its sha256, and keeps only the few files the peers
 run, with a manifest, in a git-ignored cache (``.peers/`` in the repository, or
 ``$ROPE_PEERS_DIR``). Loading from the cache re-checks every file against the
 manifest and against the sha256 pinned here, so a changed or missing file is an
-error naming it. Third-party files are executed under a private module name and
-never committed.
+error naming it. A file is read once: the bytes whose hash was checked are the
+bytes compiled and executed (no second read, no ``__pycache__`` bytecode), and the
+source Triton and ``inspect`` see is those bytes too, so a file swapped or a
+``.pyc`` planted after the check never runs. Third-party files are executed under
+a private module name and never committed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
+import linecache
 import os
 import subprocess
 import sys
@@ -24,7 +29,7 @@ import tempfile
 import types
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -77,9 +82,29 @@ class PeerCacheError(RuntimeError):
     """A peer's cached source is missing, incomplete or not the pinned file."""
 
 
+_RESOLVED_DIRS: dict[str, Path] = {}
+
+
 def peers_dir() -> Path:
-    """The cache folder: ``$ROPE_PEERS_DIR`` or ``.peers/`` in the repository."""
-    return Path(os.environ.get("ROPE_PEERS_DIR") or REPO_ROOT / ".peers")
+    """The cache folder: ``$ROPE_PEERS_DIR`` or ``.peers/`` in the repository.
+
+    A value is resolved once, at its first use, to an absolute path (``~`` expanded):
+    the same folder wherever the working directory moves later (notebooks run in
+    notebooks/). :func:`export_peers_dir` hands that absolute path to child processes."""
+    raw = os.environ.get("ROPE_PEERS_DIR") or ""
+    if not raw:
+        return REPO_ROOT / ".peers"
+    if raw not in _RESOLVED_DIRS:
+        _RESOLVED_DIRS[raw] = Path(os.path.abspath(os.path.expanduser(raw)))
+    return _RESOLVED_DIRS[raw]
+
+
+def export_peers_dir() -> None:
+    """Write ``$ROPE_PEERS_DIR`` back as the absolute path :func:`peers_dir` resolved,
+    so notebook kernels and Slurm tasks started from here (in another working
+    directory) find the same cache. Unset stays unset."""
+    if os.environ.get("ROPE_PEERS_DIR"):
+        os.environ["ROPE_PEERS_DIR"] = str(peers_dir())
 
 
 def sha256_file(path: Path) -> str:
@@ -101,6 +126,7 @@ class SourceFile:
     location: Path
     sha256: str
     origin: str  # "installed" or "cache"
+    data: bytes = field(default=b"", repr=False, compare=False)  # the bytes that were hashed
 
 
 def installed_version(package: str) -> str | None:
@@ -117,7 +143,9 @@ def _installed_file(pin: PinnedWheel, path: str) -> SourceFile | None:
     location = Path(importlib.metadata.distribution(pin.package).locate_file(path))
     if not location.is_file():
         return None
-    return SourceFile(pin.package, version, path, location, sha256_file(location), "installed")
+    data = location.read_bytes()
+    return SourceFile(pin.package, version, path, location, hashlib.sha256(data).hexdigest(),
+                      "installed", data)
 
 
 def _cached_file(pin: PinnedWheel, path: str, root: Path | None = None) -> SourceFile:
@@ -139,14 +167,16 @@ def _cached_file(pin: PinnedWheel, path: str, root: Path | None = None) -> Sourc
     if path not in entries:
         raise PeerCacheError(f"{path} is not listed in {manifest_path}")
     location = folder / path
-    if not location.is_file():
-        raise PeerCacheError(f"cached peer file missing: {location}")
-    digest = sha256_file(location)
+    try:
+        data = location.read_bytes()  # read once: these bytes are hashed and later executed
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise PeerCacheError(f"cached peer file missing: {location}") from None
+    digest = hashlib.sha256(data).hexdigest()
     if digest != entries[path] or digest != pin.files[path]:
         raise PeerCacheError(f"cached peer file {location} has sha256 {digest}; the manifest "
                              f"says {entries[path]}, pinned {pin.files[path]}: re-run "
                              "`python -m rope_kernels peers fetch`")
-    return SourceFile(pin.package, pin.version, path, location, digest, "cache")
+    return SourceFile(pin.package, pin.version, path, location, digest, "cache", data)
 
 
 def find_source(package: str, path: str, *, root: Path | None = None) -> SourceFile:
@@ -174,23 +204,49 @@ def _temporary_modules(modules: dict[str, types.ModuleType]):
                 sys.modules[name] = old
 
 
+class _VerifiedSource:
+    """A module's loader that answers ``get_source`` with the verified bytes
+    (linecache falls back to it), never with the file on disk."""
+
+    def __init__(self, text: str):
+        self._text = text
+
+    def get_source(self, fullname: str) -> str:
+        return self._text
+
+
 def load_module(source: SourceFile, *,
                 shims: dict[str, types.ModuleType] | None = None) -> types.ModuleType:
     """Execute ``source`` as a private module (``rope_kernels._peer.<pkg>_<ver>.<file>``).
 
-    ``shims`` stand in for the engine's own modules the file imports; they exist in
-    sys.modules only while the file runs, so they never shadow a real install.
+    What runs is ``source.data``, the bytes whose sha256 was checked: compiled here
+    (no bytecode cache read or written), under a code filename that names the file
+    and its hash and is registered in ``linecache``, so ``inspect.getsource`` (Triton
+    parses kernels from it) returns the same text whatever is on disk now. ``shims`` stand in for the engine's own modules the
+    file imports; they exist in sys.modules only while the file runs, so they
+    never shadow a real install.
     """
+    if hashlib.sha256(source.data).hexdigest() != source.sha256:
+        raise PeerCacheError(f"{source.location}: the bytes to run are not the bytes whose "
+                             f"sha256 {source.sha256} was checked")
     stem = Path(source.path).with_suffix("").as_posix().replace("/", ".")
     name = f"rope_kernels._peer.{source.package}_{source.version.replace('.', '_')}.{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, source.location)
+    # A code filename in <...> is one linecache never reads from disk: the source that
+    # tracebacks, inspect and Triton see is these lines, even after linecache.clearcache().
+    filename = f"<verified {source.location} sha256={source.sha256[:16]}>"
+    text = source.data.decode("utf-8")
+    code = compile(source.data, filename, "exec", dont_inherit=True)
+    spec = importlib.machinery.ModuleSpec(name, _VerifiedSource(text), origin=str(source.location))
     module = importlib.util.module_from_spec(spec)
+    module.__file__ = filename  # inspect.getsource(module) reads linecache, not the disk
+    # mtime None: linecache.checkcache keeps the entry (it is not a file's).
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     sys.modules[name] = module  # Triton reads kernel sources through the module
     try:
         with _temporary_modules(shims or {}):
-            spec.loader.exec_module(module)
+            exec(code, module.__dict__)
     except BaseException:
         sys.modules.pop(name, None)
         raise

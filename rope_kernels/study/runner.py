@@ -453,7 +453,11 @@ class ProgressLine:
 
 def kernel_sees_repo() -> None:
     """Kernels inherit our environment: make them import this checkout's
-    rope_kernels, installed or not."""
+    rope_kernels, installed or not, and the peer cache this process resolved
+    (a relative ``$ROPE_PEERS_DIR`` would name another folder from notebooks/)."""
+    from rope_kernels.peers.cache import export_peers_dir
+
+    export_peers_dir()
     path = os.environ.get("PYTHONPATH", "")
     if str(REPO_ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
