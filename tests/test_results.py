@@ -199,3 +199,56 @@ def test_run_lock_lets_concurrent_runs_share_and_only_a_lone_run_sweeps(tmp_path
         with pytest.raises(TimeoutError, match="held by another run"):
             with results.run_lock(tmp_path / ".run", timeout_s=0.2):
                 pass
+
+
+def test_a_declared_migration_leaves_a_file_the_next_run_accepts(tmp_path):
+    """microbench.csv from before `rounds` (an int) and the peer columns existed: the first
+    upsert migrates it, and the file it writes is in the new form, so every later upsert
+    works and integers stay integers ('3', not '3.0')."""
+    path = tmp_path / "microbench.csv"
+    pd.DataFrame([row(variant="native"), row(variant="liger")]).to_csv(path, index=False)
+    new = row(rounds=3, round_positions="0;1;2", order_seed=7, peer_package="liger-kernel",
+              peer_version="0.8.5", peer_sha256="ab" * 32)
+    upsert_csv(path, [new])
+    upsert_csv(path, [{**new, "tokens": 512}])
+    upsert_csv(path, [{**new, "tokens": 1024}])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 6 and all(",3,0;1;2,7," in line for line in lines[3:])
+    assert lines[1].endswith(",,,,,,")  # old rows: the added columns empty
+
+
+def test_text_values_are_kept_as_written(tmp_path):
+    """'NA', 'null', 'None' and '' are four different texts: untouched rows keep them, and
+    rows whose keys differ only there stay four rows."""
+    path = tmp_path / "microbench.csv"
+    names = ["NA", "null", "None", "N/A", "nan"]
+    upsert_csv(path, [row(variant=v, peer_version=v) for v in names])
+    upsert_csv(path, [row(variant="fused", peer_version="1")])
+    on_disk = pd.read_csv(path, keep_default_na=False, dtype=str)
+    assert on_disk["variant"].tolist() == names + ["fused"]
+    assert on_disk["peer_version"].tolist() == names + ["1"]
+
+
+def test_a_symlinked_results_file_is_refused(tmp_path):
+    target = tmp_path / "elsewhere" / "microbench.csv"
+    _write_good(target)
+    before = target.read_bytes()
+    link = tmp_path / "microbench.csv"
+    link.symlink_to(target)
+    with pytest.raises(results.ResultFileError, match="symbolic link"):
+        upsert_csv(link, [row(tokens=999)])
+    assert link.is_symlink() and target.read_bytes() == before
+    with pytest.raises(results.ResultFileError, match="symbolic link"):
+        write_atomic(link, "x\n")
+    assert link.is_symlink() and target.read_bytes() == before
+
+
+def test_a_read_only_results_file_is_refused(tmp_path):
+    path = tmp_path / "microbench.csv"
+    before = _write_good(path)
+    path.chmod(0o444)
+    with pytest.raises(results.ResultFileError, match="read-only"):
+        upsert_csv(path, [row(tokens=999)])
+    with pytest.raises(results.ResultFileError, match="read-only"):
+        write_atomic(path, "x\n")
+    assert path.read_bytes() == before and path.stat().st_mode & 0o777 == 0o444

@@ -24,6 +24,7 @@ import fcntl
 import io
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -135,9 +136,31 @@ def run_lock(path: Path, timeout_s: float = 600.0, *, when_alone=None):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file + fsync + rename)."""
+def check_replaceable(path: Path) -> None:
+    """Refuse to replace what a rename would silently break: a symbolic link (the
+    rename would put a regular file in its place and leave the target with the old
+    content) or a file made read-only (someone protected it)."""
     path = Path(path)
+    if path.is_symlink():
+        raise ResultFileError(f"{path} is a symbolic link (to {os.readlink(path)}); results "
+                              "are written to regular files only: replace the link with the "
+                              "file, or write to the target's folder")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise ResultFileError(f"{path} is not a regular file; nothing was written")
+    if not st.st_mode & 0o222 or not os.access(path, os.W_OK):
+        raise ResultFileError(f"{path} is read-only; nothing was written (make it writable "
+                              "to replace it)")
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file + fsync + rename); a
+    symbolic link or read-only file at ``path`` is refused (:func:`check_replaceable`)."""
+    path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -184,6 +207,7 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
     if new.columns.duplicated().any():
         raise ValueError(f"rows for {path.name} repeat column(s) "
                          f"{sorted(set(new.columns[new.columns.duplicated()]))}")
+    check_replaceable(path)
     with file_lock(path):
         old = read_results(path, new.dtypes.to_dict())
         merged = pd.concat([old, new], ignore_index=True) if old is not None else new.copy()
@@ -259,16 +283,33 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
             raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
                                   f"has {len(header)} (malformed or truncated line)")
         for name, kind, value in zip(columns, kinds, fields):
-            if not _value_ok(value, kind):
+            # rows from before a declared added column hold it empty, whatever its type
+            if not (_value_ok(value, kind) or (value == "" and name in table.added)):
                 raise ResultFileError(f"{path}:{number}: column {name!r} holds {value!r}, "
                                       f"not {kind} like the rows being written")
-    text_columns = {h: str for h, c, k in zip(header, columns, kinds) if k == "text"}
-    old = pd.read_csv(io.StringIO(text), dtype=text_columns)
+    # Text is kept as written ('NA', 'null', 'None' are values, not missing); only an
+    # empty numeric or bool field is missing, read into a type that writes back the same.
+    dtypes = {h: _read_dtype(k, c in table.added) for h, c, k in zip(header, columns, kinds)}
+    old = pd.read_csv(io.StringIO(text), dtype=dtypes, keep_default_na=False,
+                      na_values={h: [""] for h, k in zip(header, kinds) if k != "text"})
     old.columns = columns
     for name in added:
-        old[name] = pd.Series([None] * len(old), dtype=object if _kind(schema[name]) == "text"
-                              else "float64")
+        dtype = _read_dtype(_kind(schema[name]), True)
+        old[name] = pd.Series([pd.NA if dtype != object else None] * len(old), dtype=dtype)
     return old
+
+
+def _read_dtype(kind: str, may_be_empty: bool):
+    """The pandas type a column of ``kind`` is read as: one whose missing values write
+    back as empty fields and whose values write back as they were (an int column
+    read as float would come back as '3.0')."""
+    if kind == "int":
+        return "Int64" if may_be_empty else "int64"
+    if kind == "bool":
+        return "boolean" if may_be_empty else bool
+    if kind == "float":
+        return "float64"
+    return str
 
 
 _STALE_TEMP = re.compile(r"^\..+\.[^.]+\.(tmp|ipynb)$")
