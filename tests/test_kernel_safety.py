@@ -204,3 +204,60 @@ def test_native_accepts_fp32_views_at_odd_offsets(device):
     for got in (native_rope(xq, xk, f), fused_qk_rope(xq, xk, c, s)):
         torch.testing.assert_close(got[0].double(), want[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1].double(), want[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("written", ["xq", "xk"])
+@pytest.mark.parametrize("read", ["cos", "sin"])
+def test_in_place_refuses_q_or_k_sharing_memory_with_cos_or_sin(written, read, device):
+    """Every program reads cos/sin while others write q/k: a shared byte makes the result
+    depend on timing (relative error ~3 before this was refused)."""
+    t, h, d = 4, 2, 8
+    buf = torch.randn(t * h * d, device=device)
+    x = {"xq": torch.randn(t, h, d, device=device), "xk": torch.randn(t, h, d, device=device)}
+    x[written] = buf.view(t, h, d)
+    _, c, s = angles(t, d, device)
+    tables = {"cos": c, "sin": s}
+    tables[read] = buf[t * d // 2: t * d].view(t, d // 2)  # inside q's or k's memory
+    before = buf.clone()
+    with pytest.raises(ValueError, match=f"{written} is written but shares memory with {read}"):
+        fused_qk_rope(x["xq"], x["xk"], tables["cos"], tables["sin"], inplace=True)
+    assert torch.equal(buf, before)
+
+
+@pytest.mark.parametrize("read", ["cos", "sin"])
+def test_out_refuses_an_output_sharing_memory_with_cos_or_sin(read, device):
+    t, h, d = 4, 2, 8
+    xq, xk = torch.randn(t, h, d, device=device), torch.randn(t, h, d, device=device)
+    _, c, s = angles(t, d, device)
+    buf = torch.randn(t * h * d, device=device)
+    tables = {"cos": c, "sin": s}
+    tables[read] = buf[: t * d // 2].view(t, d // 2)
+    with pytest.raises(ValueError, match=f"k_out is written but shares memory with {read}"):
+        fused_qk_rope(xq, xk, tables["cos"], tables["sin"],
+                      out=(torch.empty_like(xq), buf.view(t, h, d)))
+
+
+def test_cos_and_sin_may_share_one_complex_tensor(device):
+    """Both only read: the real and imaginary views of one freqs_cis stay accepted."""
+    t, h, d = 4, 2, 8
+    f, c, s = angles(t, d, device)
+    xq, xk = torch.randn(t, h, d, device=device), torch.randn(t, h, d, device=device)
+    want = rope_reference(xq, xk, f)
+    q, k = fused_qk_rope(xq, xk, c, s, inplace=True)
+    torch.testing.assert_close(q.double(), want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_meta_tensors_are_refused_before_any_kernel():
+    xq = torch.empty(4, 2, 8, device="meta")
+    cos = torch.empty(4, 4, device="meta")
+    for kwargs in ({}, {"inplace": True}):
+        with pytest.raises(ValueError, match="meta tensors"):
+            fused_qk_rope(xq, torch.empty_like(xq), cos, torch.empty_like(cos), **kwargs)
+
+
+def test_the_compile_matrix_still_records_launches_on_meta_tensors():
+    from rope_kernels.bench.compile_matrix import KERNELS, recorded_launch
+
+    entry = next(e for e in KERNELS if e.name == "fused")
+    _, args, kwargs = recorded_launch(entry, 64, 2, 72, "bfloat16")
+    assert args[0].device.type == "meta" and kwargs["HEAD_DIM"] == 72

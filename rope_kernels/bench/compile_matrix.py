@@ -137,7 +137,9 @@ def recorded_launch(entry: KernelEntry, tokens: int, heads: int, head_dim: int, 
     module = importlib.import_module(entry.module)
     kernel = getattr(module, entry.kernel)
     recorder = _LaunchRecorder()
-    with mock.patch.object(module, entry.kernel, recorder):
+    from rope_kernels.kernels.checks import recording_launches
+
+    with mock.patch.object(module, entry.kernel, recorder), recording_launches():
         entry.launch(tokens, heads, head_dim, getattr(torch, dtype))
     if not recorder.calls:
         raise RuntimeError(f"{entry.name}'s launcher did not launch {entry.module}.{entry.kernel}")

@@ -7,6 +7,10 @@ reaches a Triton kernel, where it would crash or silently compute garbage.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Sequence
+
 import torch
 import triton
 
@@ -34,6 +38,7 @@ def check_qk(xq: torch.Tensor, xk: torch.Tensor) -> None:
         raise TypeError(f"xq and xk differ in dtype: {xq.dtype} vs {xk.dtype}")
     if xq.device != xk.device:
         raise ValueError(f"xq and xk are on different devices: {xq.device} vs {xk.device}")
+    check_not_meta(xq, "the rotation")
     head_dim = xq.shape[-1]
     if head_dim == 0 or head_dim % 2 != 0:
         raise ValueError(f"head_dim must be positive and even (pairs are rotated), got {head_dim}")
@@ -80,9 +85,12 @@ def check_freqs_cis(freqs_cis: torch.Tensor, xq: torch.Tensor) -> None:
         raise ValueError(f"freqs_cis is on {freqs_cis.device} but xq is on {xq.device}")
 
 
-def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor) -> None:
+def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor,
+                            reads: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
     """In-place rotation needs every element of q and k at its own address:
-    no broadcast or self-overlapping views, and no element shared by q and k."""
+    no broadcast or self-overlapping views, and no element shared by q and k.
+    ``reads`` are the call's other inputs (cos, sin, freqs_cis): q and k, being
+    written, may share no memory with them."""
     for name, x in (("xq", xq), ("xk", xk)):
         for size, stride in zip(x.shape, x.stride()):
             if size > 1 and stride == 0:
@@ -99,14 +107,29 @@ def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor) -> None:
     if may_overlap(xq, xk):
         raise ValueError("xq and xk share memory (overlapping views); they cannot both be "
                          "rotated in place")
+    check_writes_do_not_overlap_reads((("xq", xq), ("xk", xk)), reads)
+
+
+def check_writes_do_not_overlap_reads(writes: Sequence[tuple[str, torch.Tensor]],
+                                      reads: Sequence[tuple[str, torch.Tensor]]) -> None:
+    """No tensor a call writes may share memory with one it only reads (cos and sin
+    read by every program while others write: the result would depend on timing)."""
+    for out_name, out in writes:
+        for in_name, x in reads:
+            if isinstance(x, torch.Tensor) and may_overlap(out, x):
+                raise ValueError(f"{out_name} is written but shares memory with {in_name}, "
+                                 f"which the call reads; give {in_name} its own memory")
 
 
 def check_outputs_do_not_overlap(xq: torch.Tensor, xk: torch.Tensor,
-                                 q_out: torch.Tensor, k_out: torch.Tensor) -> None:
+                                 q_out: torch.Tensor, k_out: torch.Tensor,
+                                 reads: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
     """``out=`` tensors: each may be its own input exactly (that is rotating in
     place), but no output may share memory with the other output or the other
-    input, nor partly with its own input (programs would read what others wrote)."""
+    input, nor partly with its own input (programs would read what others wrote),
+    nor with any of ``reads`` (cos, sin)."""
     check_writable_in_place(q_out, k_out)
+    check_writes_do_not_overlap_reads((("q_out", q_out), ("k_out", k_out)), reads)
     pairs = (("q_out", q_out, "xq", xq, True), ("q_out", q_out, "xk", xk, False),
              ("k_out", k_out, "xq", xq, False), ("k_out", k_out, "xk", xk, True))
     for out_name, out, in_name, x, own_input in pairs:
@@ -176,8 +199,32 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
                if abs(delta_bytes - d * size) < size)
 
 
+_RECORDING_LAUNCHES = contextvars.ContextVar("rope_kernels_recording_launches", default=False)
+
+
+@contextlib.contextmanager
+def recording_launches():
+    """Launchers may be called on ``meta`` tensors inside this block: the compile
+    matrix swaps each kernel for a recorder of its arguments, so nothing runs."""
+    token = _RECORDING_LAUNCHES.set(True)
+    try:
+        yield
+    finally:
+        _RECORDING_LAUNCHES.reset(token)
+
+
+def check_not_meta(x: torch.Tensor, what: str) -> None:
+    """``meta`` tensors (shapes without data) are refused except while launches are recorded."""
+    if x.device.type == "meta" and not _RECORDING_LAUNCHES.get():
+        raise ValueError(f"{what} got meta tensors (shapes without data): there is nothing "
+                         "to read or write; pass tensors on a GPU (or on the CPU with "
+                         "TRITON_INTERPRET=1)")
+
+
 def check_triton_device(x: torch.Tensor, what: str) -> None:
-    """Triton kernels need a GPU tensor, or the interpreter for CPU tensors."""
+    """Triton kernels need a GPU tensor, or the interpreter for CPU tensors; ``meta``
+    tensors (shapes without data) only while launches are recorded."""
+    check_not_meta(x, what)
     if x.device.type == "cpu" and not triton_interpreter_enabled():
         raise ValueError(
             f"{what} runs a Triton kernel and got CPU tensors; use a GPU "

@@ -225,13 +225,13 @@ def fused_qk_rope(
             raise ValueError("inplace=True on " + ("a leaf tensor (or a view of one) " if leaf
                              else "a tensor ") + "that requires grad: autograd cannot record "
                              "it; use inplace=False or torch.no_grad()")
-        check_writable_in_place(xq, xk)
+        check_writable_in_place(xq, xk, reads=(("cos", cos), ("sin", sin)))
         q_out, k_out = xq, xk
     elif out is not None:
         if needs_grad:
             raise ValueError("out=... does not support autograd (inputs require grad); "
                              "leave out unset or use torch.no_grad()")
-        q_out, k_out = _check_out(out, xq, xk)
+        q_out, k_out = _check_out(out, xq, xk, reads=(("cos", cos), ("sin", sin)))
     elif needs_grad:
         return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
     else:
@@ -299,7 +299,8 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: FusedConfig | None, *,
     )
 
 
-def _check_out(out, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_out(out, xq: torch.Tensor, xk: torch.Tensor,
+               reads=()) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError("out must be a (q_out, k_out) pair of tensors")
     for name, t in zip(("q_out", "k_out"), out):
@@ -312,5 +313,5 @@ def _check_out(out, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, t
             )
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit-stride last dimension")
-    check_outputs_do_not_overlap(xq, xk, out[0], out[1])
+    check_outputs_do_not_overlap(xq, xk, out[0], out[1], reads)
     return out[0], out[1]

@@ -24,6 +24,7 @@ import types
 import torch
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
+                                         check_writes_do_not_overlap_reads,
                                          triton_interpreter_enabled)
 from rope_kernels.peers.cache import SourceFile, find_source, installed_version, load_module
 
@@ -104,6 +105,7 @@ def vllm_packed_qk_rope(xq: torch.Tensor, xk: torch.Tensor,
     check_freqs_cis(freqs_cis, xq)
     _check_freqs_contiguous(freqs_cis)
     qkv = packed_qkv_of(xq, xk)
+    check_writes_do_not_overlap_reads((("xq", xq), ("xk", xk)), (("freqs_cis", freqs_cis),))
     check_triton_device(xq, "vllm_packed_qk")
     packed_qk_source()[1].packed_qk_rope_(qkv, freqs_cis)
     return xq, xk
