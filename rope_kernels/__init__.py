@@ -8,48 +8,56 @@ Public API:
     qkv_rope_linear(x, w_qkv, b_qkv, cos, sin)      QKV projection with q/k rotated in its epilogue
     VARIANTS, peer_status()                         name -> Variant (callable, packed call,
                                                     launches, peer provenance); which peers ran
+
+Importing the package does nothing else: no torch, no Triton, no peer, no
+environment variable. Each name above is imported from its module on first use
+(PEP 562). Triton decides between compiling and its CPU interpreter when a
+``@triton.jit`` function is *defined* (triton 3.6, ``triton/runtime/jit.py``),
+so that decision is made where this package's kernels are defined:
+``rope_kernels.kernels.checks`` (imported by every module that defines or loads a
+Triton kernel) calls ``kernels.interpreter.use_interpreter_without_gpu()`` first.
+The variant registry is built on its first use (``variants.registry()``).
 """
 
-import os as _os
+from __future__ import annotations
 
-import torch as _torch
-
-# Without a GPU, Triton kernels can only run in Triton's CPU interpreter; turn
-# it on (before our kernels are defined) unless the user decided already.
-if "TRITON_INTERPRET" not in _os.environ and not _torch.cuda.is_available():
-    _os.environ["TRITON_INTERPRET"] = "1"
-
-from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
-from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, vision_freqs_cis  # noqa: E402
-from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope  # noqa: E402
-from rope_kernels.kernels.qkv_gemm import qkv_rope_linear, qkv_rope_linear_angles  # noqa: E402
-from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference  # noqa: E402
-from rope_kernels.variants import VARIANTS, Variant, get_variant, peer_status  # noqa: E402
-from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope  # noqa: E402
-
-if triton_interpreter_enabled():
-    from rope_kernels.kernels.interpreter import patch_bf16_rounding
-
-    patch_bf16_rounding()
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "VARIANTS",
-    "FusedConfig",
-    "Variant",
-    "cos_sin_views",
-    "fused_launch_config",
-    "fused_qk_rope",
-    "qkv_rope_linear",
-    "qkv_rope_linear_angles",
-    "get_variant",
-    "peer_status",
-    "grid_tokens",
-    "image_patch_grid",
-    "native_rope",
-    "rope_cos_sin",
-    "rope_reference",
-    "vision_freqs_cis",
-    "vllm_merged_recreated_rope",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "triton_interpreter_enabled": "rope_kernels.kernels.checks",
+    "grid_tokens": "rope_kernels.kernels.freqs",
+    "image_patch_grid": "rope_kernels.kernels.freqs",
+    "vision_freqs_cis": "rope_kernels.kernels.freqs",
+    "FusedConfig": "rope_kernels.kernels.fused",
+    "fused_launch_config": "rope_kernels.kernels.fused",
+    "fused_qk_rope": "rope_kernels.kernels.fused",
+    "qkv_rope_linear": "rope_kernels.kernels.qkv_gemm",
+    "qkv_rope_linear_angles": "rope_kernels.kernels.qkv_gemm",
+    "cos_sin_views": "rope_kernels.kernels.reference",
+    "native_rope": "rope_kernels.kernels.reference",
+    "rope_cos_sin": "rope_kernels.kernels.reference",
+    "rope_reference": "rope_kernels.kernels.reference",
+    "VARIANTS": "rope_kernels.variants",
+    "Variant": "rope_kernels.variants",
+    "get_variant": "rope_kernels.variants",
+    "peer_status": "rope_kernels.variants",
+    "vllm_merged_recreated_rope": "rope_kernels.kernels.vllm_merged_recreated",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rope_kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

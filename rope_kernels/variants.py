@@ -19,6 +19,7 @@ stub; ``peer_status()`` says which ran and why the others did not.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -231,10 +232,69 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
     return {v.name: v for v in variants}, status
 
 
-VARIANTS, _PEER_STATUS = _build()
-# Every Triton kernel a registered variant launches (the profiler's RoPE attribution).
-ROPE_TRITON_KERNELS: tuple[str, ...] = tuple(sorted({k for v in VARIANTS.values()
-                                                      for k in v.triton_kernels}))
+# Every name the registry can hold, present here or not: our variants, the
+# engines' peers and the optional ones. Parameters are checked against it before
+# anything runs, and tests parametrize over it (an absent peer skips, with why).
+OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
+PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
+                 "flashinfer", "quack")
+KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
+
+_REGISTRY: tuple[dict[str, Variant], list[PeerStatus]] | None = None
+
+
+def registry() -> dict[str, Variant]:
+    """name -> Variant of every implementation that runs here, built on first use
+    (it loads the peers: the engines' pinned files, Liger, installed CUDA peers)
+    and cached for the process."""
+    return _built()[0]
+
+
+def _built() -> tuple[dict[str, Variant], list[PeerStatus]]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        variants, status = _build()
+        unknown = sorted(set(variants) - set(KNOWN_VARIANTS))
+        if unknown:  # a new variant must be declared in KNOWN_VARIANTS too
+            raise RuntimeError(f"variants {unknown} are missing from KNOWN_VARIANTS")
+        _REGISTRY = variants, status
+    return _REGISTRY
+
+
+class _LazyVariants(Mapping):
+    """``VARIANTS``: the registry as a read-only mapping, built on first access."""
+
+    def __getitem__(self, name: str) -> Variant:
+        return registry()[name]
+
+    def __iter__(self):
+        return iter(registry())
+
+    def __len__(self) -> int:
+        return len(registry())
+
+    def __repr__(self) -> str:
+        return f"VARIANTS({', '.join(registry())})" if _REGISTRY else "VARIANTS(<not built yet>)"
+
+
+VARIANTS: Mapping[str, Variant] = _LazyVariants()
+
+
+def rope_triton_kernels() -> tuple[str, ...]:
+    """Every Triton kernel a registered variant launches (the profiler's RoPE attribution)."""
+    return tuple(sorted({k for v in registry().values() for k in v.triton_kernels}))
+
+
+def absent_reason(name: str) -> str:
+    """Why a known variant does not run here ("" when it does; ValueError when unknown)."""
+    if name not in KNOWN_VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; known: {', '.join(KNOWN_VARIANTS)}")
+    if name in registry():
+        return ""
+    for s in _built()[1]:
+        if s.name == name:
+            return s.reason or "not available here"
+    return "not available here"
 
 
 def peer_columns(name: str) -> dict[str, str]:
@@ -247,14 +307,14 @@ def peer_columns(name: str) -> dict[str, str]:
 
 def peer_status() -> list[dict]:
     """One row per peer: name, available, reason, package, version, sha256, origin."""
-    return [s.__dict__.copy() for s in _PEER_STATUS]
+    return [s.__dict__.copy() for s in _built()[1]]
 
 
 def get_variant(name: str) -> Variant:
     if not isinstance(name, str):
         raise TypeError(f"variant name must be a string, got {name!r}")
     if name not in VARIANTS:
-        absent = {s.name: s.reason for s in _PEER_STATUS if not s.available}
+        absent = {s.name: s.reason for s in _built()[1] if not s.available}
         if name in absent:
             raise ValueError(f"variant {name!r} is not available here: {absent[name]}")
         raise ValueError(f"unknown variant {name!r}; available: {', '.join(VARIANTS)}")

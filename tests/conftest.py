@@ -1,5 +1,6 @@
 """Test tiers: on a machine without a GPU every kernel runs in Triton's CPU
-interpreter (TRITON_INTERPRET=1, set here before rope_kernels is imported);
+interpreter (TRITON_INTERPRET=1: set here explicitly, though defining the
+kernels would set it too, see ``kernels/interpreter.py``);
 with a GPU the same tests run compiled on it, and tests marked ``gpu`` add the
 large shapes, CUDA graphs and profiler checks."""
 
@@ -11,7 +12,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import rope_kernels  # noqa: E402  (after TRITON_INTERPRET is decided)
+import rope_kernels  # noqa: E402
 from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and not triton_interpreter_enabled()

@@ -9,7 +9,7 @@ import torch
 from rope_kernels.bench.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
                                         outputs_agree, paired_stats, rope_minimal_ms, rope_profile,
                                         time_bucket)
-from rope_kernels.bench.vit import (ROPE_VARIANTS, EncoderConfig, MoonViTEncoder, encoder_inputs,
+from rope_kernels.bench.vit import (rope_variants, EncoderConfig, MoonViTEncoder, encoder_inputs,
                               pick_attention)
 
 
@@ -62,7 +62,7 @@ def test_encoder_rejects_bad_input(small, device):
 def test_time_bucket(small, device):
     cfg, model = small
     inp = encoder_inputs([(1, 2, 2)], cfg, device=device)
-    modes = [v for v in ROPE_VARIANTS if v != "compiled"]  # Inductor's CPU build: slow, tested elsewhere
+    modes = [v for v in rope_variants() if v != "compiled"]  # Inductor's CPU build: slow, tested elsewhere
     t = time_bucket(model, inp, modes, "eager", "sdpa_per_image", samples=1, warmup=0)
     assert set(t) == set(modes) and all(v.median_us > 0 for v in t.values())
     if device == "cpu":

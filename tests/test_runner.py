@@ -80,7 +80,7 @@ def test_bad_cli_input_exits_nonzero_and_writes_nothing(tmp_path, monkeypatch, c
 
 
 def test_missing_gpu_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="--device cuda was asked for, but this machine has no GPU"):
         resolve_device("cuda")
     assert main(["run", "--device", "rocm"]) == 2
@@ -95,10 +95,10 @@ def test_select_notebooks():
 
 
 def test_rocm_is_detected_through_torch_version_hip(monkeypatch):
-    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(devices.torch.version, "hip", "6.4.1", raising=False)
-    monkeypatch.setattr(devices.torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(devices.torch.cuda, "get_device_name", lambda i=0: "AMD Instinct MI300X")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.4.1", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "AMD Instinct MI300X")
     assert devices.device_kind() == "rocm"
     assert resolve_device("rocm") == "rocm" and resolve_device("auto") == "rocm"
     assert devices.device_slug(devices.device_name()) == "amd-instinct-mi300x"
@@ -108,8 +108,8 @@ def test_rocm_is_detected_through_torch_version_hip(monkeypatch):
 
 
 def test_cuda_is_not_mistaken_for_rocm(monkeypatch):
-    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(devices.torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
     assert devices.device_kind() == "cuda"
 
 
@@ -212,7 +212,7 @@ def _one_error_line(capsys):
 
 
 def test_readme_cudagraph_example_on_a_cpu_is_one_error_line(monkeypatch, capsys):
-    monkeypatch.setattr(devices.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     before = _tree_snapshot()
     assert main(["run", "--only", "02", "-p", "samples=50",
                  "-p", "02_microbench.modes=[cudagraph]"]) == 2

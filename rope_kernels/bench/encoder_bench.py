@@ -22,7 +22,7 @@ from rope_kernels.bench.microbench import minimal_bytes
 from rope_kernels.bench.timing import (Timing, median_p20_p80, round_positions, shuffled_orders,
                                        summarize)
 from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
-from rope_kernels.variants import ROPE_TRITON_KERNELS, peer_columns
+from rope_kernels.variants import peer_columns, rope_triton_kernels
 
 
 @dataclass(frozen=True)
@@ -204,8 +204,8 @@ def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds,
 
 # Kernels RoPE variants launch through Triton's own launcher. The profiler records
 # them as device events but (torch 2.11) does not attach them to the CPU call that
-# launched them, so they are recognised by name.
-TRITON_ROPE_KERNELS = ROPE_TRITON_KERNELS  # every registered variant's, from the registry
+# launched them, so they are recognised by name (every registered variant's,
+# ``variants.rope_triton_kernels()``).
 
 
 def _subtree(evt):
@@ -219,7 +219,7 @@ def _is_cpu(evt) -> bool:
 
 
 def attribute_rope_time(events, label: str = "rope",
-                        triton_kernels=TRITON_ROPE_KERNELS) -> tuple[float, float]:
+                        triton_kernels: Sequence[str] | None = None) -> tuple[float, float]:
     """(RoPE device time, all device time) in microseconds from profiler events.
 
     All time: every device operation (kernels, copies), not the GPU-side copies of
@@ -227,6 +227,8 @@ def attribute_rope_time(events, label: str = "rope",
     among the device operations (attached to their launch or not), plus the other
     device operations attached to calls inside ``label`` ranges; each counted once.
     """
+    if triton_kernels is None:
+        triton_kernels = rope_triton_kernels()
     events = list(events)
     device_ops = [e for e in events if not _is_cpu(e) and e.name != label
                   and not getattr(e, "is_user_annotation", False)]

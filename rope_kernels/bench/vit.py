@@ -23,10 +23,17 @@ from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.variants import VARIANTS, peer_status
 
-# Every registered variant and peer (as the registry calls it on a packed qkv), plus
-# "none": RoPE skipped, the floor, and "gemm_epilogue": q and k rotated inside
-# the QKV projection's epilogue (kernels/qkv_gemm.py), no RoPE step at all.
-ROPE_VARIANTS = (*VARIANTS, "none", "gemm_epilogue")
+# Beside the registry's variants, the encoder knows "none": RoPE skipped, the
+# floor, and "gemm_epilogue": q and k rotated inside the QKV projection's epilogue
+# (kernels/qkv_gemm.py), no RoPE step at all.
+ENCODER_ONLY_ROPE = ("none", "gemm_epilogue")
+
+
+def rope_variants() -> tuple[str, ...]:
+    """Every registered variant and peer that runs here (as the registry calls it on
+    a packed qkv), plus ``ENCODER_ONLY_ROPE``. Builds the registry on first call."""
+    return (*VARIANTS, *ENCODER_ONLY_ROPE)
+
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 
 
@@ -179,11 +186,11 @@ class MoonViTEncoder(nn.Module):
     def forward(self, patches: torch.Tensor, grids, *, rope: str = "native",
                 attention: str = "sdpa_per_image", cu_seqlens: torch.Tensor | None = None,
                 max_seqlen: int | None = None) -> torch.Tensor:
-        if rope not in ROPE_VARIANTS:
+        if rope not in rope_variants():
             absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
             why = (f" ({rope} is not available here: {absent[rope]})"
                    if isinstance(rope, str) and rope in absent else "")
-            raise ValueError(f"rope must be one of {ROPE_VARIANTS}, got {rope!r}{why}")
+            raise ValueError(f"rope must be one of {rope_variants()}, got {rope!r}{why}")
         if attention not in ATTENTION_KERNELS[1:]:
             raise ValueError(f"attention must be one of {ATTENTION_KERNELS[1:]}, got {attention!r}"
                              " (resolve 'auto' with pick_attention first)")

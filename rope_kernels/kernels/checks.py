@@ -14,6 +14,12 @@ from collections.abc import Sequence
 import torch
 import triton
 
+from rope_kernels.kernels.interpreter import use_interpreter_without_gpu
+
+# Before the first @triton.jit of this package (here, and in every module that
+# imports this one): Triton picks compiler or interpreter at definition time.
+use_interpreter_without_gpu()
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -228,7 +234,7 @@ def check_triton_device(x: torch.Tensor, what: str) -> None:
     if x.device.type == "cpu" and not triton_interpreter_enabled():
         raise ValueError(
             f"{what} runs a Triton kernel and got CPU tensors; use a GPU "
-            "(CUDA or ROCm) or set TRITON_INTERPRET=1 before importing rope_kernels"
+            "(CUDA or ROCm) or set TRITON_INTERPRET=1 before rope_kernels.kernels is imported"
         )
 
 

@@ -1,4 +1,13 @@
-"""Make Triton's CPU interpreter round fp32 -> bf16 the way GPUs do.
+"""When Triton kernels run in its CPU interpreter, and making it round fp32 -> bf16
+the way GPUs do.
+
+Triton 3.6 chooses between its compiler and its interpreter when a ``@triton.jit``
+function is *defined* (``triton/runtime/jit.py`` reads ``TRITON_INTERPRET``
+in the decorator), not when it is launched. ``use_interpreter_without_gpu()`` is
+therefore called before the first definition: at the top of
+``rope_kernels.kernels.checks``, which every module that defines or loads a Triton
+kernel (ours and the peers' files) imports first. ``import rope_kernels`` alone
+does not reach it.
 
 Triton 3.6's interpreter (TRITON_INTERPRET=1) converts fp32 to bf16 by cutting
 the low mantissa bits, while GPUs round to nearest even (``cvt.rn.bf16.f32``).
@@ -9,10 +18,27 @@ in a correctly rounding cast; it is applied only when the interpreter is on.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+import os
 
 _PATCHED = False
+
+
+def use_interpreter_without_gpu() -> bool:
+    """Without a GPU, run Triton kernels in Triton's CPU interpreter
+    (``TRITON_INTERPRET=1``) unless the user decided already; when the interpreter
+    is on, patch its bf16 rounding. Returns whether the interpreter is on.
+    Idempotent; must run before the first ``@triton.jit`` definition to matter."""
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    from triton import knobs  # Triton's own reading of TRITON_INTERPRET
+
+    on = bool(knobs.runtime.interpret)
+    if on:
+        patch_bf16_rounding()
+    return on
 
 
 def patch_bf16_rounding() -> bool:
@@ -20,6 +46,9 @@ def patch_bf16_rounding() -> bool:
     global _PATCHED
     if _PATCHED:
         return True
+    import numpy as np
+    import torch
+
     try:
         import triton.language as tl
         from triton.runtime.interpreter import InterpreterBuilder, TensorHandle

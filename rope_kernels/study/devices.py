@@ -9,14 +9,14 @@ import re
 import subprocess
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def device_kind() -> str:
     """'cuda', 'rocm' or 'cpu'. ROCm builds of PyTorch also answer to torch.cuda;
     torch.version.hip tells them apart."""
+    import torch
+
     if torch.cuda.is_available():
         return "rocm" if getattr(torch.version, "hip", None) else "cuda"
     return "cpu"
@@ -24,6 +24,8 @@ def device_kind() -> str:
 
 def device_name(kind: str | None = None) -> str:
     """The accelerator's marketing name ('NVIDIA H200'), or 'cpu'."""
+    import torch
+
     kind = kind or device_kind()
     if kind in ("cuda", "rocm"):
         return torch.cuda.get_device_name(torch.cuda.current_device())
@@ -40,8 +42,10 @@ def device_slug(name: str) -> str:
     return slug
 
 
-def torch_device(kind: str | None = None) -> torch.device:
+def torch_device(kind: str | None = None) -> "torch.device":
     """The torch device for a kind: ROCm GPUs are addressed as 'cuda' in PyTorch."""
+    import torch
+
     kind = kind or device_kind()
     return torch.device("cpu" if kind == "cpu" else "cuda")
 
@@ -77,6 +81,8 @@ def triton_version() -> str:
 
 def provenance(kind: str | None = None) -> dict[str, str]:
     """Columns every result row carries."""
+    import torch
+
     kind = kind or device_kind()
     return {
         "device_name": device_name(kind),
