@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from rope_kernels import native_rope, rope_reference, vision_freqs_cis
 from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
 from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, permute_qkv_weight,
-                                           qkv_gemm_config, qkv_rope_linear,
-                                           qkv_rope_linear_angles, qkv_row_order,
+                                           qkv_gemm_config, qkv_linear_rotation_compiled_out,
+                                           qkv_rope_linear, qkv_rope_linear_angles, qkv_row_order,
                                            rotating_qkv_projection, tile_layout,
                                            unpermute_qkv_weight)
 from rope_kernels.kernels.reference import cos_sin_views
@@ -81,6 +81,70 @@ def test_padded_tiles_no_bias(device):
     out = qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis), config=config)
     err, tol = judge(out, x, w, None, freqs_cis)
     assert err <= tol, (err, tol)
+
+
+# Both kernels (one program per tile, persistent) and both epilogues (whole tile,
+# two halves of its heads), through TMA descriptors and pointers, with the table
+# and in-kernel angles: every path the GPU can take runs here too.
+KERNEL_PATHS = {
+    "persistent": dict(persistent=True),
+    "subtile": dict(epilogue_subtile=True),
+    "persistent+subtile+pointers": dict(persistent=True, epilogue_subtile=True, use_tma=False),
+    "persistent+tma": dict(persistent=True, use_tma=True),
+}
+
+
+@pytest.mark.parametrize("path", list(KERNEL_PATHS))
+@pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
+def test_every_kernel_path_matches_float64(path, angles, device):
+    x, w, b, freqs_cis = make_problem(device)
+    base = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
+    config = QKVGemmConfig(**{**base.__dict__, "group_m": 2, **KERNEL_PATHS[path]})
+    if config.use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
+    if angles:
+        qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
+                               vision_rope_frequencies(HEAD_DIM, device=device),
+                               config=config, out=out)
+    else:
+        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
+    assert torch.isfinite(out).all(), "an output element was never written"
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err <= tol, (path, err, tol)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per_tile", "persistent"])
+def test_rotation_compiled_out_is_the_plain_projection(persistent, device):
+    """The benchmarks' entry: the same kernel without rotation = x @ W^T + b, q/k unrotated."""
+    x, w, b, freqs_cis = make_problem(device)
+    cos, sin = cos_sin_views(freqs_cis)
+    config = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
+                              "persistent": persistent})
+    out = qkv_linear_rotation_compiled_out(x, w, b, cos, sin, config=config)
+    ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
+    lin_err = (F.linear(x, w, b).double().view_as(ref) - ref).abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= 2 * lin_err + FLOOR * ref.abs().max().item()
+    rotated = qkv_rope_linear(x, w, b, cos, sin, config=config)
+    assert torch.equal(rotated[:, 2], out[:, 2]), "v is never rotated"
+    assert not torch.equal(rotated[:, :2], out[:, :2])
+
+
+def test_config_labels_and_subtile_needs_two_heads():
+    assert QKVGemmConfig().label == "128x128x64x16/4/8/8"
+    assert QKVGemmConfig(persistent=True, epilogue_subtile=True, use_tma=False).label == \
+        "128x128x64x16/4/8/8/persistent/subtile/pointers"
+    with pytest.raises(ValueError, match="heads_per_tile >= 2"):
+        QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
+    with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
+        QKVGemmConfig(epilogue_subtile=1)
+    # the candidates notebook 02 sweeps take each shape's layout
+    from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
+
+    assert QKV_CANDIDATE_CONFIGS[0] == QKVGemmConfig()
+    for config in QKV_CANDIDATE_CONFIGS:
+        fitted = with_layout(config, 2, 72)
+        assert fitted.block_m == config.block_m and fitted.persistent == config.persistent
 
 
 def test_wrong_rotation_is_caught(device):
@@ -171,31 +235,105 @@ def test_tile_layout_heuristic():
     assert (config.block_n, config.heads_per_tile, config.pairs_per_tile) == (128, 16, 4)
 
 
-def test_weight_cache_follows_updates(device):
-    """Permuted once per weight; an in-place update of W rebuilds it."""
-    from rope_kernels.kernels.qkv_gemm import cached_permuted_weight
+def _update_weights(update, w, b):
+    """Change W or b the way a caller might; returns the (w, b) to judge against."""
+    if update == "w.data.mul_":
+        w.data.mul_(2)  # .data has its own version counter: w._version stays
+    elif update == "b.data.add_":
+        b.data.add_(5)
+    elif update == "w.mul_ in place":
+        with torch.no_grad():
+            w.mul_(-1)
+    elif update == "w.data = new":
+        w.data = torch.flip(w.data, [0])  # new memory, same tensor object
+    return w, b
 
+
+WEIGHT_UPDATES = ("w.data.mul_", "b.data.add_", "w.mul_ in place", "w.data = new")
+
+
+@pytest.mark.parametrize("update", WEIGHT_UPDATES)
+def test_no_stale_result_after_a_weight_update(update, device):
+    """A call after W or b changed computes with the new values (no stale permuted copy)."""
     x, w, b, freqs_cis = make_problem(device)
-    first = cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8)
-    assert cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8) is first
-    w.mul_(2)
-    again = cached_permuted_weight(w, b, HEADS, HEAD_DIM, block_n=64, heads_per_tile=8)
-    assert again is not first
-    assert torch.equal(unpermute_qkv_weight(again)[0], w)
+    cos, sin = cos_sin_views(freqs_cis)
+    qkv_rope_linear(x, w, b, cos, sin)
+    w, b = _update_weights(update, w, b)
+    err, tol = judge(qkv_rope_linear(x, w, b, cos, sin), x, w, b, freqs_cis)
+    assert err <= tol, (update, err, tol)
 
 
-def test_rotating_projection_on_a_linear(device):
-    x, w, b, freqs_cis = make_problem(device)
-    linear = torch.nn.Linear(HIDDEN, 3 * HEADS * HEAD_DIM).to(device=device, dtype=x.dtype)
+def _linear_of(w, b, device):
+    linear = torch.nn.Linear(w.shape[1], w.shape[0]).to(device=device, dtype=w.dtype)
     with torch.no_grad():
         linear.weight.copy_(w)
         linear.bias.copy_(b)
-    out = rotating_qkv_projection(linear, x, *cos_sin_views(freqs_cis), HEADS)
-    cached = linear.qkv_rope_weight[1]
+    return linear
+
+
+def _same_version_parameter(weight):
+    """A new Parameter (other values) whose version counter equals weight's."""
+    new = torch.nn.Parameter(torch.empty_like(weight))
+    with torch.no_grad():
+        new.copy_(weight.flip(0))
+        while new._version < weight._version:
+            new.mul_(1)
+    return new
+
+
+LINEAR_UPDATES = {
+    "new Parameter": lambda lin: setattr(lin, "weight", _same_version_parameter(lin.weight)),
+    "weight.data = new": lambda lin: setattr(lin.weight, "data", lin.weight.data.flip(0).clone()),
+    "weight.data.mul_": lambda lin: lin.weight.data.mul_(-1),
+    "bias.data.add_": lambda lin: lin.bias.data.add_(5),
+}
+
+
+@pytest.mark.parametrize("update", list(LINEAR_UPDATES))
+def test_rotating_projection_follows_the_module(update, device):
+    """rotating_qkv_projection reads the module's parameters as they are at each call."""
+    x, w, b, freqs_cis = make_problem(device)
+    cos, sin = cos_sin_views(freqs_cis)
+    linear = _linear_of(w, b, device)
+    err, tol = judge(rotating_qkv_projection(linear, x, cos, sin, HEADS), x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+    LINEAR_UPDATES[update](linear)
+    w2, b2 = linear.weight.detach().clone(), linear.bias.detach().clone()
+    err, tol = judge(rotating_qkv_projection(linear, x, cos, sin, HEADS), x, w2, b2, freqs_cis)
+    assert err <= tol, (update, err, tol)
+
+
+def test_rotating_projection_takes_a_permuted_weight(device):
+    x, w, b, freqs_cis = make_problem(device)
+    cos, sin = cos_sin_views(freqs_cis)
+    config = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
+    permuted = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=config.block_n,
+                                  heads_per_tile=config.heads_per_tile)
+    out = rotating_qkv_projection(_linear_of(w, b, device), x, cos, sin, HEADS, permuted=permuted)
     err, tol = judge(out, x, w, b, freqs_cis)
     assert err <= tol, (err, tol)
-    rotating_qkv_projection(linear, x[:5], *(t[:5] for t in cos_sin_views(freqs_cis)), HEADS)
-    assert linear.qkv_rope_weight[1] is cached, "built once per module"
+
+
+def _input_inside_out(out, t):
+    """t copied into the first bytes of out's memory, as a view of the same shape."""
+    inside = out.view(-1).view(torch.uint8)[:t.numel() * t.element_size()].view(t.dtype)
+    return inside.view(t.shape).copy_(t)
+
+
+@pytest.mark.parametrize("what", ["x", "cos", "sin", "coords", "freqs"])
+def test_out_overlapping_an_input_is_refused(what, device):
+    """out= sharing memory with anything the kernel reads is an error, not garbage."""
+    x, w, b, freqs_cis = make_problem(device)
+    inputs = dict(zip(("cos", "sin"), cos_sin_views(freqs_cis)), x=x,
+                  coords=vision_patch_coords(GRIDS, device=device),
+                  freqs=vision_rope_frequencies(HEAD_DIM, device=device))
+    out = torch.zeros((TOKENS, 3, HEADS, HEAD_DIM), dtype=x.dtype, device=device)
+    inputs[what] = _input_inside_out(out, inputs[what])
+    with pytest.raises(ValueError, match=f"out shares memory with {what}"):
+        if what in ("coords", "freqs"):
+            qkv_rope_linear_angles(inputs["x"], w, b, inputs["coords"], inputs["freqs"], out=out)
+        else:
+            qkv_rope_linear(inputs["x"], w, b, inputs["cos"], inputs["sin"], out=out)
 
 
 def test_encoder_gemm_epilogue_matches_fused(device):

@@ -212,7 +212,7 @@ class MoonViTEncoder(nn.Module):
         cos, sin = cos_sin_views(freqs_cis)
         for blk in self.blocks:
             h = blk.norm0(x)
-            if rope == "gemm_epilogue":  # weights permuted once per block, cached on it
+            if rope == "gemm_epilogue":  # W permuted in each call (one gather, nothing cached)
                 q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads).unbind(1)
             else:
                 qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)

@@ -38,6 +38,7 @@ def use_interpreter_without_gpu() -> bool:
     on = bool(knobs.runtime.interpret)
     if on:
         patch_bf16_rounding()
+        patch_runtime_loop_bounds()
     return on
 
 
@@ -66,4 +67,49 @@ def patch_bf16_rounding() -> bool:
 
     InterpreterBuilder.cast_impl = rounding_cast
     _PATCHED = True
+    return True
+
+
+_RANGE_PATCHED = False
+
+
+def patch_runtime_loop_bounds() -> bool:
+    """Let the interpreter run loops whose bounds are known only at run time.
+
+    Triton 3.6's interpreter turns ``tl.range(start, end, step)`` into Python's
+    ``range`` of its arguments as they are; a bound computed in the kernel (e.g.
+    ``tl.program_id(0)``, the persistent QKV kernel's tile loop) is a
+    one-element array there, which numpy >= 2.4 no longer converts to an int.
+    This converts such bounds first; returns True once patched."""
+    global _RANGE_PATCHED
+    if _RANGE_PATCHED:
+        return True
+    import numpy as np
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    patch_lang_core = getattr(interpreter, "_patch_lang_core", None)
+    if patch_lang_core is None:  # another interpreter layout: leave it alone
+        return False
+
+    def as_int(v):
+        if isinstance(v, tl.tensor):
+            v = v.handle.data
+        if isinstance(v, tl.constexpr):
+            v = v.value
+        return int(np.asarray(v).reshape(-1)[0]) if isinstance(v, np.ndarray) else v
+
+    def scalar_range(arg1, arg2=None, step=None, **kwargs):
+        start, end = (0, arg1) if arg2 is None else (arg1, arg2)
+        return range(as_int(start), as_int(end), 1 if step is None else as_int(step))
+
+    def patched(lang, scope):
+        patch_lang_core(lang, scope)
+        scope.set_attr(lang, "range", scalar_range)
+
+    interpreter._patch_lang_core = patched
+    _RANGE_PATCHED = True
     return True

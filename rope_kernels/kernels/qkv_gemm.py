@@ -4,51 +4,65 @@
 rotated in fp32 registers before it is written, so q and k never travel through
 memory unrotated (the standalone RoPE kernel reads and writes them again).
 
-Layout. Kimi's pairs are adjacent columns ``(2j, 2j+1)`` of each head. The
-packed output (T, 3, H, D) is viewed as (T, 3H, D): 3H heads (q, then k, then
-v). An output tile covers ``heads_per_tile`` consecutive heads x the same
-``pairs_per_tile`` pairs ``j`` of each head (Kimi: 16 heads x 4 pairs = 128
-columns; 36 pairs a head = 9 pair blocks, 48 heads = 3 head blocks, 27 tiles,
-no padding). ``permute_qkv_weight`` reorders W's rows (once per weight) so that
-a tile's accumulator columns are ``[even members | odd members]`` of its pairs:
-splitting the tile in half stays in registers, the rotation is elementwise,
-``join`` restores the interleaved order, and the kernel stores to the ordinary
-(T, 3, H, D) addresses: nothing downstream changes. Because all heads of a tile
-share the pairs ``j``, a tile needs cos/sin for only (tokens x pairs_per_tile)
-angles, broadcast over its heads: the table variant reads 32 bytes a token per
-tile, the angles variant computes 4 sin/cos a token per tile from the token's
-patch (row, column) and Kimi's frequencies (``freqs.vision_rope_frequencies``:
-``angle = col * f[j//2]`` for even j, ``row * f[j//2]`` for odd j, the same
-single fp32 multiply as the table). v heads take the same path with the
-rotation switched off per head (a select, exact), so every tile runs the same
-code: no branch in the persistent loop, which Triton 3.6's loop flattening
-needs. Heads and pairs are padded with zero rows to whole tiles when needed.
+The file is in named pieces, like Triton's persistent-matmul tutorial:
 
-Loads. On Hopper and newer GPUs, tiles of x and W come through TMA tensor
-descriptors and the output leaves through a 3-D descriptor (T, 3H, D) whose
-bounds clip the padded heads/pairs and the last token tile; elsewhere
-(pre-Hopper, or strides TMA cannot take) the same kernel uses masked pointer
-loads and stores. A persistent grid (one program per SM, tiles strided over
-them, the tile loop flattened with the K loop) lets Triton's pipeliner fetch
-the next tile's operands while the epilogue runs.
+1. **Layout** (``qkv_row_order``, ``permute_qkv_weight``). Kimi's pairs are
+   adjacent columns ``(2j, 2j+1)`` of each head. The packed output (T, 3, H, D)
+   is viewed as (T, 3H, D): 3H heads (q, then k, then v). An output tile covers
+   ``heads_per_tile`` consecutive heads x the same ``pairs_per_tile`` pairs
+   ``j`` of each head (Kimi: 16 heads x 4 pairs = 128 columns; 36 pairs a head
+   = 9 pair blocks, 48 heads = 3 head blocks, 27 tiles, no padding). The
+   permutation reorders W's rows so that a tile's accumulator columns are
+   ``[even members | odd members]`` of its pairs: splitting the tile in half
+   stays in registers, the rotation is elementwise, ``join`` restores the
+   interleaved order, and the kernel stores to the ordinary (T, 3, H, D)
+   addresses. Heads and pairs are padded with zero rows to whole tiles. The
+   only cache is the row order (a function of four ints and the device); the
+   permuted weight itself is never cached behind the caller's back: without
+   ``permuted=`` every call permutes W again (one gather of W), so no update of
+   W or b, in place or through ``.data``, can leave a stale copy.
+2. **Loads** (``_load_x``, ``_load_w``, ``_store_heads``): the only code that
+   differs between TMA and pointers. On Hopper and newer GPUs (and under the
+   CPU interpreter, which emulates descriptors) tiles of x and W come through
+   TMA tensor descriptors and the output leaves through a 3-D descriptor
+   (T, 3H, D) whose bounds clip the padded heads/pairs and the last token tile;
+   elsewhere (AMD, pre-Hopper, strides TMA cannot take) masked pointer loads
+   and stores do the same. Everything else is one body.
+3. **Mainloop** (``_mainloop``): the K loop, fp32 accumulator.
+4. **Epilogue** (``_rope_epilogue``): bias, then the rotation (``_rotate``, a
+   small function of its own) with cos/sin for the tile's pairs from a table or
+   computed in-kernel from each token's patch (row, column) and Kimi's
+   frequencies (``_cos_sin``); all heads of a tile share its pairs, so a tile
+   needs (tokens x pairs_per_tile) angles, broadcast over its heads. v heads go
+   through the same code with the rotation selected off (exact). With
+   ``epilogue_subtile`` the tile is rotated and stored in two halves of its
+   heads, so fewer registers are live at once.
+5. **Kernels**, side by side: ``_qkv_rope_kernel`` (one program per tile) and
+   ``_qkv_rope_kernel_persistent`` (one program per SM, tiles strided over
+   them, the tile loop flattened with the K loop so the pipeliner fetches the
+   next tile's operands during the epilogue). Both call ``_qkv_tile``.
+6. **Launch settings** (``QKVGemmConfig``; its defaults are the measured best)
+   and **launchers** (``qkv_rope_linear``, ``qkv_rope_linear_angles``,
+   ``rotating_qkv_projection``; ``qkv_linear_rotation_compiled_out`` is for
+   benchmarks only: the same kernel and config with the rotation compiled out).
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from rope_kernels.kernels.checks import check_triton_device, triton_interpreter_enabled
+from rope_kernels.kernels.checks import (check_triton_device, may_overlap,
+                                         triton_interpreter_enabled)
 
 GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
 # --------------------------------------------------------------------------
-# Weight layout
+# 1. Layout
 # --------------------------------------------------------------------------
 
 
@@ -116,6 +130,25 @@ def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int) 
     return torch.where((head < 3 * heads) & (pair < half), src, -1).reshape(-1)
 
 
+# The one cache of this module: the gather index of a layout, on a device. Its key
+# is all it depends on (four ints and the device), so it cannot go stale.
+_ROW_GATHERS: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+
+def _row_gather(heads: int, head_dim: int, block_n: int, heads_per_tile: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(source rows, pad-row mask or None when nothing is padded) on ``device``."""
+    key = (heads, head_dim, block_n, heads_per_tile, str(device))
+    hit = _ROW_GATHERS.get(key)
+    if hit is None:
+        order = qkv_row_order(heads, head_dim, block_n, heads_per_tile)
+        pad = order < 0
+        hit = (order.clamp(min=0).to(device),
+               pad[:, None].to(device) if bool(pad.any()) else None)
+        _ROW_GATHERS[key] = hit
+    return hit
+
+
 def permute_qkv_weight(
     w_qkv: torch.Tensor,
     b_qkv: torch.Tensor | None,
@@ -125,21 +158,23 @@ def permute_qkv_weight(
     block_n: int = 128,
     heads_per_tile: int = 16,
 ) -> PermutedQKVWeight:
-    """Reorder W_qkv (3*H*D, hidden) and b_qkv for ``qkv_rope_linear`` (once per weight).
+    """Reorder W_qkv (3*H*D, hidden) and b_qkv for ``qkv_rope_linear``.
 
     ``block_n``: the GEMM's N tile; ``heads_per_tile``: heads sharing a tile
-    (``block_n / (2 * heads_per_tile)`` pairs of each). Inverse:
-    ``unpermute_qkv_weight``."""
+    (``block_n / (2 * heads_per_tile)`` pairs of each). A new copy, not tied to
+    W: build it once where the weights are loaded and again whenever they
+    change. Inverse: ``unpermute_qkv_weight``."""
     _check_qkv_weight(w_qkv, b_qkv, heads, head_dim)
-    order = qkv_row_order(heads, head_dim, block_n, heads_per_tile).to(w_qkv.device)
-    keep = order >= 0
-    src = order.clamp(min=0)
-    zero = torch.zeros((), dtype=w_qkv.dtype, device=w_qkv.device)
-    weight = torch.where(keep[:, None], w_qkv[src], zero)
+    src, pad = _row_gather(heads, head_dim, block_n, heads_per_tile, w_qkv.device)
+    weight = w_qkv.detach().index_select(0, src)
     bias = None
     if b_qkv is not None:
-        bias = torch.where(keep, b_qkv.float()[src], torch.zeros((), device=b_qkv.device))
-    return PermutedQKVWeight(weight.contiguous(), bias, heads, head_dim, block_n, heads_per_tile)
+        bias = b_qkv.detach().float().index_select(0, src)
+    if pad is not None:
+        weight.masked_fill_(pad, 0)
+        if bias is not None:
+            bias.masked_fill_(pad[:, 0], 0)
+    return PermutedQKVWeight(weight, bias, heads, head_dim, block_n, heads_per_tile)
 
 
 def unpermute_qkv_weight(permuted: PermutedQKVWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,48 +218,89 @@ def _check_qkv_weight(w_qkv, b_qkv, heads, head_dim) -> None:
             raise ValueError(f"b_qkv is on {b_qkv.device} but w_qkv is on {w_qkv.device}")
 
 
-# Permuted weights per source weight, built once: keyed on the weight tensor's
-# identity (the entry is dropped when the weight is freed) and checked against
-# the tensors' version counters, so an in-place update of W or b rebuilds it.
-_PERMUTED: dict[int, tuple[weakref.ref, dict]] = {}
-
-
-def cached_permuted_weight(w_qkv, b_qkv, heads, head_dim, *, block_n,
-                           heads_per_tile) -> PermutedQKVWeight:
-    """``permute_qkv_weight`` memoised per (weight, bias, layout)."""
-    entry = _PERMUTED.get(id(w_qkv))
-    if entry is None or entry[0]() is not w_qkv:
-        entry = (weakref.ref(w_qkv), {})
-        _PERMUTED[id(w_qkv)] = entry
-        weakref.finalize(w_qkv, _PERMUTED.pop, id(w_qkv), None)
-    per_weight = entry[1]
-    key = (id(b_qkv), heads, head_dim, block_n, heads_per_tile)
-    versions = (w_qkv._version, None if b_qkv is None else b_qkv._version)
-    hit = per_weight.get(key)
-    if hit is not None and hit[0] == versions and hit[1]() is b_qkv:
-        return hit[2]
-    permuted = permute_qkv_weight(w_qkv, b_qkv, heads, head_dim, block_n=block_n,
-                                  heads_per_tile=heads_per_tile)
-    bias_ref = (lambda: None) if b_qkv is None else weakref.ref(b_qkv)
-    per_weight[key] = (versions, bias_ref, permuted)
-    return permuted
-
-
 # --------------------------------------------------------------------------
-# Kernel
+# 2. Loads: the only TMA / pointer difference
 # --------------------------------------------------------------------------
 
 
 @triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped tile order: GROUP_M row tiles share their x rows in L2 while
-    every N tile visits them (GROUP_M=1: all N tiles of one row tile first)."""
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile_id // in_group) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile_id % in_group) % size_m
-    pid_n = (tile_id % in_group) // size_m
-    return pid_m, pid_n
+def _load_x(x, m0, k0, n_tokens, x_stride_t, HIDDEN: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """x[m0:m0+BLOCK_M, k0:k0+BLOCK_K], zeros past the tokens and past HIDDEN."""
+    if USE_TMA:
+        a = x.load([m0, k0])
+    else:
+        rows = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rows[:, None] * x_stride_t + ks[None, :],
+                    mask=(rows < n_tokens)[:, None] & (ks < HIDDEN)[None, :], other=0.0)
+    return a
+
+
+@triton.jit
+def _load_w(w, n0, k0, w_stride_n, HIDDEN: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """Permuted W[n0:n0+BLOCK_N, k0:k0+BLOCK_K] (its rows are whole tiles)."""
+    if USE_TMA:
+        b = w.load([n0, k0])
+    else:
+        rows = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(w + rows[:, None] * w_stride_n + ks[None, :], mask=(ks < HIDDEN)[None, :],
+                    other=0.0)
+    return b
+
+
+@triton.jit
+def _store_heads(out, y, m0, head0, col0, n_tokens, out_stride_t, out_stride_h,
+                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 NH: tl.constexpr, COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """y (BLOCK_M, NH heads, COLS columns) to out[m0:, head0:, col0:] of the (T, 3H, D)
+    output, clipped to the tokens, the 3H heads and the D columns."""
+    if USE_TMA:
+        out.store([m0, head0, col0], y.to(out.dtype))
+    else:
+        tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        heads = head0 + tl.arange(0, NH)
+        cols = col0 + tl.arange(0, COLS)
+        ptrs = (out + tokens[:, None, None] * out_stride_t + heads[None, :, None] * out_stride_h
+                + cols[None, None, :])
+        mask = ((tokens < n_tokens)[:, None, None] & (heads < 3 * HEADS)[None, :, None]
+                & (cols < HEAD_DIM)[None, None, :])
+        tl.store(ptrs, y.to(out.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------
+# 3. Mainloop
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _dot(a, b, acc, INTERPRETED: tl.constexpr):
+    """acc + a @ b^T. Triton 3.6's interpreter multiplies bf16 blocks as raw
+    uint16 bits; there the exact fp32 values are multiplied instead (bf16 and
+    fp16 products are exact in fp32, so the result is the GPU's)."""
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32).T, acc, input_precision="ieee")
+    return tl.dot(a, b.T, acc)
+
+
+@triton.jit
+def _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 (BLOCK_M, BLOCK_N) = x tile @ permuted W tile^T over all of HIDDEN."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
+        a = _load_x(x, m0, ki * BLOCK_K, n_tokens, x_stride_t, HIDDEN, BLOCK_M, BLOCK_K, USE_TMA)
+        b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA)
+        acc = _dot(a, b, acc, INTERPRETED)
+    return acc
+
+
+# --------------------------------------------------------------------------
+# 4. Epilogue: bias, rotation, store
+# --------------------------------------------------------------------------
 
 
 @triton.jit
@@ -250,13 +326,85 @@ def _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr, fre
 
 
 @triton.jit
-def _dot(a, b, acc, INTERPRETED: tl.constexpr):
-    """acc + a @ b^T. Triton 3.6's interpreter multiplies bf16 blocks as raw
-    uint16 bits; there the exact fp32 values are multiplied instead (bf16 and
-    fp16 products are exact in fp32, so the result is the GPU's)."""
-    if INTERPRETED:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32).T, acc, input_precision="ieee")
-    return tl.dot(a, b.T, acc)
+def _rotate(x0, x1, c, s, heads, ROTATED_HEADS: tl.constexpr):
+    """(x0, x1) of each pair turned by (c, s) on the q and k heads (heads <
+    ROTATED_HEADS), passed through on v: x0, x1 (M, NH, P), c, s (M, 1, P)."""
+    on = (heads < ROTATED_HEADS)[None, :, None]
+    y0 = tl.where(on, x0 * c - x1 * s, x0)
+    y1 = tl.where(on, x0 * s + x1 * c, x1)
+    return y0, y1
+
+
+@triton.jit
+def _rope_store(x0, x1, c, s, out, m0, head0, pair0, n_tokens, out_stride_t, out_stride_h,
+                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                NH: tl.constexpr, PAIRS: tl.constexpr, ROTATE: tl.constexpr,
+                USE_TMA: tl.constexpr):
+    """Rotate NH heads' pairs (x0 even, x1 odd members) and store them interleaved."""
+    if ROTATE:
+        x0, x1 = _rotate(x0, x1, c, s, head0 + tl.arange(0, NH), 2 * HEADS)
+    y = tl.reshape(tl.join(x0, x1), (BLOCK_M, NH, 2 * PAIRS))  # interleaved
+    _store_heads(out, y, m0, head0, 2 * pair0, n_tokens, out_stride_t, out_stride_h, HEADS,
+                 HEAD_DIM, BLOCK_M, NH, 2 * PAIRS, USE_TMA)
+
+
+@triton.jit
+def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, pid_n,
+                   n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
+                   sin_stride_t, sin_stride_d, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
+                   ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr):
+    """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D)."""
+    PAIRS: tl.constexpr = BLOCK_N // (2 * HEADS_PER_TILE)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n0 + tl.arange(0, BLOCK_N))[None, :]
+    head0 = (pid_n // PAIR_BLOCKS) * HEADS_PER_TILE
+    pair0 = (pid_n % PAIR_BLOCKS) * PAIRS
+    # columns [0, BLOCK_N/2) hold the even members of the tile's pairs, the rest the odd
+    x0, x1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    x0 = tl.reshape(x0, (BLOCK_M, HEADS_PER_TILE, PAIRS))
+    x1 = tl.reshape(x1, (BLOCK_M, HEADS_PER_TILE, PAIRS))
+    if ROTATE:
+        tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        pairs = pair0 + tl.arange(0, PAIRS)
+        c, s = _cos_sin(tokens, tokens < n_tokens, pairs, pairs < HEAD_DIM // 2, cos_ptr,
+                        sin_ptr, coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d,
+                        sin_stride_t, sin_stride_d, ANGLES)
+        c = c[:, None, :]  # one angle per (token, pair), shared by the tile's heads
+        s = s[:, None, :]
+    else:
+        c = 1.0
+        s = 0.0
+    if EPILOGUE_SUBTILE:
+        # two halves of the tile's heads, one after the other
+        HALF: tl.constexpr = HEADS_PER_TILE // 2
+        x0a, x0b = tl.split(tl.permute(tl.reshape(x0, (BLOCK_M, 2, HALF, PAIRS)), (0, 2, 3, 1)))
+        x1a, x1b = tl.split(tl.permute(tl.reshape(x1, (BLOCK_M, 2, HALF, PAIRS)), (0, 2, 3, 1)))
+        _rope_store(x0a, x1a, c, s, out, m0, head0, pair0, n_tokens, out_stride_t, out_stride_h,
+                    HEADS, HEAD_DIM, BLOCK_M, HALF, PAIRS, ROTATE, USE_TMA)
+        _rope_store(x0b, x1b, c, s, out, m0, head0 + HALF, pair0, n_tokens, out_stride_t,
+                    out_stride_h, HEADS, HEAD_DIM, BLOCK_M, HALF, PAIRS, ROTATE, USE_TMA)
+    else:
+        _rope_store(x0, x1, c, s, out, m0, head0, pair0, n_tokens, out_stride_t, out_stride_h,
+                    HEADS, HEAD_DIM, BLOCK_M, HEADS_PER_TILE, PAIRS, ROTATE, USE_TMA)
+
+
+# --------------------------------------------------------------------------
+# 5. Kernels: one program per tile, and persistent
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row tiles share their x rows in L2 while
+    every N tile visits them (GROUP_M=1: all N tiles of one row tile first)."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % in_group) % size_m
+    pid_n = (tile_id % in_group) // size_m
+    return pid_m, pid_n
 
 
 @triton.jit
@@ -264,82 +412,36 @@ def _qkv_tile(
     tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-    HIDDEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTATED_HEADS: tl.constexpr,
+    HIDDEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr, PAIR_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ANGLES: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr,
+    ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N) output tile: K loop, bias, rotation, store."""
-    PAIRS: tl.constexpr = BLOCK_N // (2 * HEADS_PER_TILE)
+    """One (BLOCK_M, BLOCK_N) output tile: mainloop, then epilogue."""
     pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M), HEAD_BLOCKS * PAIR_BLOCKS,
                                 GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if USE_TMA:
-        for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
-            a = x.load([m0, ki * BLOCK_K])
-            b = w.load([n0, ki * BLOCK_K])
-            acc = _dot(a, b, acc, INTERPRETED)
-    else:
-        rows = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
-        wrows = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
-        for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
-            ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-            a = tl.load(x + rows[:, None] * x_stride_t + ks[None, :],
-                        mask=(rows < n_tokens)[:, None] & (ks < HIDDEN)[None, :], other=0.0)
-            b = tl.load(w + wrows[:, None] * w_stride_n + ks[None, :],
-                        mask=(ks < HIDDEN)[None, :], other=0.0)
-            acc = _dot(a, b, acc, INTERPRETED)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n0 + tl.arange(0, BLOCK_N))[None, :]
-
-    head0 = (pid_n // PAIR_BLOCKS) * HEADS_PER_TILE
-    pair0 = (pid_n % PAIR_BLOCKS) * PAIRS
-    # columns [0, BLOCK_N/2) hold the even members of the tile's pairs, the rest the odd
-    x0, x1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    x0 = tl.reshape(x0, (BLOCK_M, HEADS_PER_TILE, PAIRS))
-    x1 = tl.reshape(x1, (BLOCK_M, HEADS_PER_TILE, PAIRS))
-    tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
-    heads = head0 + tl.arange(0, HEADS_PER_TILE)
-    if ROTATED_HEADS > 0:
-        pairs = pair0 + tl.arange(0, PAIRS)
-        c, s = _cos_sin(tokens, tokens < n_tokens, pairs, pairs < HEAD_DIM // 2, cos_ptr,
-                        sin_ptr, coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d,
-                        sin_stride_t, sin_stride_d, ANGLES)
-        c = c[:, None, :]  # one angle per (token, pair), shared by the tile's heads
-        s = s[:, None, :]
-        rotate = (heads < ROTATED_HEADS)[None, :, None]  # q and k heads; v heads pass through
-        y0 = tl.where(rotate, x0 * c - x1 * s, x0)
-        y1 = tl.where(rotate, x0 * s + x1 * c, x1)
-    else:
-        y0 = x0
-        y1 = x1
-    y = tl.reshape(tl.join(y0, y1), (BLOCK_M, HEADS_PER_TILE, 2 * PAIRS))  # interleaved
-    if USE_TMA:
-        # the descriptor's bounds clip token rows >= T, padded heads and pairs
-        out.store([m0, head0, 2 * pair0], y.to(out.dtype))
-    else:
-        cols = 2 * pair0 + tl.arange(0, 2 * PAIRS)
-        ptrs = (out + tokens[:, None, None] * out_stride_t + heads[None, :, None] * out_stride_h
-                + cols[None, None, :])
-        mask = ((tokens < n_tokens)[:, None, None] & (heads < 3 * HEADS)[None, :, None]
-                & (cols < HEAD_DIM)[None, None, :])
-        tl.store(ptrs, y.to(out.dtype.element_ty), mask=mask)
+    acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN, BLOCK_M, BLOCK_N,
+                    BLOCK_K, USE_TMA, INTERPRETED)
+    _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, pid_n,
+                   n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
+                   sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
+                   HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA)
 
 
-@triton.jit(do_not_specialize=["n_tokens", "num_programs"])
-def _qkv_rope_linear_kernel(
+@triton.jit(do_not_specialize=["n_tokens"])
+def _qkv_rope_kernel(
     x, w, out,  # TMA descriptors when USE_TMA, else pointers
     bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
-    n_tokens, num_programs,
+    n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
     HIDDEN: tl.constexpr,
     HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    ROTATED_HEADS: tl.constexpr,  # 2 * HEADS (q and k); 0 times the bare GEMM
     HEAD_BLOCKS: tl.constexpr,  # ceil(3 * HEADS / HEADS_PER_TILE)
     PAIR_BLOCKS: tl.constexpr,  # ceil(HEAD_DIM / 2 / pairs per tile)
     BLOCK_M: tl.constexpr,
@@ -348,37 +450,70 @@ def _qkv_rope_linear_kernel(
     HEADS_PER_TILE: tl.constexpr,
     GROUP_M: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROTATE: tl.constexpr,  # False only in qkv_linear_rotation_compiled_out (benchmarks)
     ANGLES: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr,
-    PERSISTENT: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    if PERSISTENT:
-        num_tiles = tl.cdiv(n_tokens, BLOCK_M) * (HEAD_BLOCKS * PAIR_BLOCKS)
-        for tile_id in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True,
-                                warp_specialize=WARP_SPECIALIZE):
-            _qkv_tile(tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
-                      n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
-                      cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
-                      HEAD_DIM, ROTATED_HEADS, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K,
-                      HEADS_PER_TILE, GROUP_M, HAS_BIAS, ANGLES, USE_TMA, INTERPRETED)
-    else:
-        _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr,
-                  freqs_ptr, n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
+    """One program per output tile."""
+    _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+              n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
+              cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
+              HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
+              HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "num_programs"])
+def _qkv_rope_kernel_persistent(
+    x, w, out,
+    bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+    n_tokens, num_programs,
+    x_stride_t, w_stride_n, out_stride_t, out_stride_h,
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    HIDDEN: tl.constexpr,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    PAIR_BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROTATE: tl.constexpr,
+    ANGLES: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
+    is flattened with the K loop, so the next tile's loads overlap this epilogue."""
+    num_tiles = tl.cdiv(n_tokens, BLOCK_M) * (HEAD_BLOCKS * PAIR_BLOCKS)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
+        _qkv_tile(tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+                  n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
-                  HEAD_DIM, ROTATED_HEADS, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K,
-                  HEADS_PER_TILE, GROUP_M, HAS_BIAS, ANGLES, USE_TMA, INTERPRETED)
+                  HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
+                  GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED)
 
 
 # --------------------------------------------------------------------------
-# Launch settings
+# 6. Launch settings
 # --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class QKVGemmConfig:
-    """Launch settings of ``qkv_rope_linear`` (see ``qkv_gemm_config``)."""
+    """Launch settings of ``qkv_rope_linear`` (see ``qkv_gemm_config``).
+
+    The defaults are the fastest config measured on an H200 (tools/qkv_probe.py at
+    1a5bc46, data/nvidia-h200/qkv_gemm_configs.csv: 1152 -> 3456, bf16, CUDA graphs):
+    of 12 configs, 128x128x64 tiles, 4 stages, 8 warps, group_m 8, one program per
+    tile was fastest at 87,616 tokens (1521 us) and within 3% of the fastest at
+    43,808 (778 vs 758 us); the persistent kernel was slower there (1578 us at best).
+    Notebook 02 re-measures ``QKV_CANDIDATE_CONFIGS`` in every GPU run."""
 
     block_m: int = 128
     block_n: int = 128
@@ -387,8 +522,8 @@ class QKVGemmConfig:
     group_m: int = 8
     num_stages: int = 4
     num_warps: int = 8
-    persistent: bool = True
-    warp_specialize: bool = False  # Triton's producer/consumer warp groups (persistent only)
+    persistent: bool = False  # one program per SM striding over the tiles
+    epilogue_subtile: bool = False  # rotate and store the tile in two halves of its heads
     use_tma: bool | None = None  # None: TMA where the GPU and the strides allow it
 
     def __post_init__(self):
@@ -402,9 +537,13 @@ class QKVGemmConfig:
                 or self.num_stages < 1:
             raise ValueError(f"QKVGemmConfig.num_stages must be a positive int, "
                              f"got {self.num_stages!r}")
-        for name in ("persistent", "warp_specialize"):
+        for name in ("persistent", "epilogue_subtile"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"QKVGemmConfig.{name} must be a bool")
+                raise TypeError(f"QKVGemmConfig.{name} must be a bool, "
+                                f"got {type(getattr(self, name)).__name__}")
+        if self.epilogue_subtile and self.heads_per_tile < 2:
+            raise ValueError("QKVGemmConfig.epilogue_subtile splits a tile's heads in two: "
+                             "it needs heads_per_tile >= 2")
         if self.use_tma is not None and not isinstance(self.use_tma, bool):
             raise TypeError("QKVGemmConfig.use_tma must be a bool or None")
 
@@ -412,13 +551,29 @@ class QKVGemmConfig:
     def pairs_per_tile(self) -> int:
         return self.block_n // (2 * self.heads_per_tile)
 
+    @property
+    def label(self) -> str:
+        """``BMxBNxBKxHPT/stages/warps/group_m`` plus ``/persistent``, ``/subtile``,
+        ``/tma`` or ``/pointers``: how result rows name a config."""
+        flags = [f for f, on in (("persistent", self.persistent),
+                                 ("subtile", self.epilogue_subtile),
+                                 ("tma", self.use_tma is True),
+                                 ("pointers", self.use_tma is False)) if on]
+        return "/".join([f"{self.block_m}x{self.block_n}x{self.block_k}x{self.heads_per_tile}",
+                         str(self.num_stages), str(self.num_warps), str(self.group_m), *flags])
 
-# Measured on an H200 (tools/qkv_probe.py at 1a5bc46, data/nvidia-h200/qkv_gemm_configs.csv:
-# 1152 -> 3456, bf16, CUDA graphs): of 12 configs, 128x128x64 tiles, 4 stages, 8 warps,
-# one program per tile was fastest at 87,616 tokens (1521 us) and within 3% of the
-# fastest at 43,808 (778 vs 758 us). The persistent grid was slower here (1578 us
-# at best, with group_m=1; group_m=8 costs 15-20% in the persistent kernel).
-GPU_TILES = dict(block_m=128, block_k=64, group_m=8, num_stages=4, num_warps=8, persistent=False)
+
+# Candidates notebook 02 times beside the default on a GPU (its QKV section records
+# every one; the headline rows use the fastest of the same run). Tile shapes and
+# stages as measured best so far (qkv_gemm_configs.csv), the persistent grid with
+# the grouping that suited it there, and the subtiled epilogue. block_n and
+# heads_per_tile are replaced by the layout ``qkv_gemm_config`` picks for the shape.
+QKV_CANDIDATE_CONFIGS = (
+    QKVGemmConfig(),
+    QKVGemmConfig(epilogue_subtile=True),
+    QKVGemmConfig(group_m=1, persistent=True),
+    QKVGemmConfig(block_m=256, num_stages=3, group_m=1, persistent=True),
+)
 
 
 def tile_layout(heads: int, head_dim: int, widths=(128, 64), min_pairs: int = 1) -> tuple[int, int]:
@@ -447,16 +602,28 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2) -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
-    GPUs: the H200-measured tile (``GPU_TILES``) with the N-tile layout of
-    least padding (``tile_layout``), at least 16 bytes of each head per tile
-    (the smallest TMA box). The CPU interpreter: small tiles (its cost grows
+    GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best) with the N-tile
+    layout of least padding (``tile_layout``), at least 16 bytes of each head per
+    tile (the smallest TMA box). The CPU interpreter: small tiles (its cost grows
     with the tile count and size, not with the GEMM's efficiency)."""
     if device.type == "cpu":
         block_n, hpt = tile_layout(heads, head_dim, widths=(64,))
         return QKVGemmConfig(block_m=32, block_n=block_n, block_k=32, heads_per_tile=hpt,
-                             group_m=1, num_stages=1, num_warps=4, persistent=False)
+                             group_m=1, num_stages=1, num_warps=4)
     block_n, hpt = tile_layout(heads, head_dim, min_pairs=max(1, 8 // element_size))
-    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, **GPU_TILES)
+    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt)
+
+
+def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
+                element_size: int = 2) -> QKVGemmConfig:
+    """``config`` with the N-tile layout ``qkv_gemm_config`` picks for this shape."""
+    if not isinstance(config, QKVGemmConfig):
+        raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
+    block_n, hpt = tile_layout(heads, head_dim, widths=(config.block_n,),
+                               min_pairs=max(1, 8 // element_size))
+    subtile = config.epilogue_subtile and hpt >= 2
+    return QKVGemmConfig(**{**config.__dict__, "block_n": block_n, "heads_per_tile": hpt,
+                            "epilogue_subtile": subtile})
 
 
 def tma_supported(device: torch.device) -> bool:
@@ -543,19 +710,15 @@ def qkv_rope_linear(
         cos, sin: fp32 (T, D/2), any strides (e.g. ``cos_sin_views(freqs_cis)``);
             D is read from their width, H from w_qkv.
         config: launch settings; ``qkv_gemm_config`` by default.
-        permuted: the weight in the kernel's order (``permute_qkv_weight``);
-            built and cached per weight when omitted.
-        out: optional preallocated (T, 3, H, D) contiguous output.
+        permuted: the weight in the kernel's order (``permute_qkv_weight``), built
+            once where the weights are loaded; omitted, W is permuted on every
+            call (one gather of W; nothing is cached, so nothing can go stale).
+        out: optional preallocated (T, 3, H, D) contiguous output that shares
+            no memory with any input.
     """
-    if not isinstance(cos, torch.Tensor) or cos.dim() != 2:
-        raise ValueError("cos must be a 2-D (tokens, head_dim/2) float32 tensor")
-    heads, head_dim = _check_common(x, w_qkv, b_qkv, 2 * cos.shape[1], "cos (tokens, head_dim/2)")
-    for name, t in (("cos", cos), ("sin", sin)):
-        _check_table(name, t, x.shape[0], head_dim // 2, x.device)
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}")
+    heads, head_dim = _check_cos_sin(x, w_qkv, b_qkv, cos, sin)
     return _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out,
-                   cos=cos, sin=sin, coords=None, freqs=None)
+                   cos=cos, sin=sin, coords=None, freqs=None, rotate=True)
 
 
 def qkv_rope_linear_angles(
@@ -594,21 +757,62 @@ def qkv_rope_linear_angles(
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
     return _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out,
-                   cos=None, sin=None, coords=coords, freqs=freqs)
+                   cos=None, sin=None, coords=coords, freqs=freqs, rotate=True)
+
+
+def qkv_linear_rotation_compiled_out(
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    config: QKVGemmConfig | None = None,
+    permuted: PermutedQKVWeight | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Benchmarks only: ``qkv_rope_linear``'s kernel and config with the rotation
+    compiled out, so q and k are NOT rotated (packed ``x @ w_qkv^T + b_qkv``). Timed
+    beside ``qkv_rope_linear`` at the same config it splits the mainloop's time
+    from the epilogue's. Takes (and checks) the same arguments."""
+    heads, head_dim = _check_cos_sin(x, w_qkv, b_qkv, cos, sin)
+    return _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out,
+                   cos=cos, sin=sin, coords=None, freqs=None, rotate=False)
+
+
+def _check_cos_sin(x, w_qkv, b_qkv, cos, sin) -> tuple[int, int]:
+    """All checks of a table call; (heads, head_dim)."""
+    if not isinstance(cos, torch.Tensor) or cos.dim() != 2:
+        raise ValueError("cos must be a 2-D (tokens, head_dim/2) float32 tensor")
+    heads, head_dim = _check_common(x, w_qkv, b_qkv, 2 * cos.shape[1], "cos (tokens, head_dim/2)")
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check_table(name, t, x.shape[0], head_dim // 2, x.device)
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}")
+    return heads, head_dim
+
+
+def _check_out(out, shape, x, inputs: dict) -> None:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype \
+            or out.device != x.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}")
+    for name, t in inputs.items():
+        if t is not None and may_overlap(out, t):
+            raise ValueError(f"out shares memory with {name}; give an out that overlaps no input "
+                             "(the kernel reads inputs while other tiles write out)")
 
 
 def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin, coords, freqs,
-            rotate=True):
-    """Checks, layout and launch; ``rotate=False`` (benchmarks only) runs the same
-    kernel with the rotation compiled out: the bare GEMM it is built on."""
+            rotate: bool):
+    """Checks, layout and launch of one of the two kernels (``config.persistent``)."""
     tokens, hidden = x.shape
     if config is None:
         config = qkv_gemm_config(heads, head_dim, x.device, x.element_size())
     elif not isinstance(config, QKVGemmConfig):
         raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
     if permuted is None:
-        permuted = cached_permuted_weight(w_qkv, b_qkv, heads, head_dim, block_n=config.block_n,
-                                          heads_per_tile=config.heads_per_tile)
+        permuted = permute_qkv_weight(w_qkv, b_qkv, heads, head_dim, block_n=config.block_n,
+                                      heads_per_tile=config.heads_per_tile)
     elif not isinstance(permuted, PermutedQKVWeight):
         raise TypeError(f"permuted must be a PermutedQKVWeight, got {type(permuted).__name__}")
     if (permuted.heads, permuted.head_dim) != (heads, head_dim) \
@@ -627,9 +831,11 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     shape = (tokens, 3, heads, head_dim)
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype \
-            or out.device != x.device or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {shape} on {x.device}")
+    else:
+        _check_out(out, shape, x, {"x": x, "w_qkv": w_qkv, "b_qkv": b_qkv, "cos": cos,
+                                   "sin": sin, "coords": coords, "freqs": freqs,
+                                   "permuted.weight": permuted.weight,
+                                   "permuted.bias": permuted.bias})
     if tokens == 0:
         return out
     check_triton_device(x, "qkv_rope_linear")
@@ -639,67 +845,61 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     if use_tma is None:
         use_tma = (tma_supported(x.device) and _tma_aligned(x, permuted.weight, out_heads)
                    and 2 * config.pairs_per_tile * x.element_size() >= 16)
+    store_heads = config.heads_per_tile // (2 if config.epilogue_subtile else 1)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bk = config.block_m, config.block_k
         x_arg = TensorDescriptor.from_tensor(x, [bm, bk])
         w_arg = TensorDescriptor.from_tensor(permuted.weight, [config.block_n, bk])
-        out_arg = TensorDescriptor.from_tensor(
-            out_heads, [bm, config.heads_per_tile, 2 * config.pairs_per_tile])
+        out_arg = TensorDescriptor.from_tensor(out_heads,
+                                               [bm, store_heads, 2 * config.pairs_per_tile])
     else:
         x_arg, w_arg, out_arg = x, permuted.weight, out_heads
 
-    n_tiles = permuted.head_blocks * permuted.pair_blocks
-    num_tiles = triton.cdiv(tokens, config.block_m) * n_tiles
-    # Triton 3.6's interpreter cannot run a loop with run-time bounds under
-    # numpy >= 2.4 (it calls int() on 1-element arrays): there one tile a program.
-    persistent = config.persistent and not triton_interpreter_enabled()
-    programs = min(num_tiles, _num_sms(x.device)) if persistent else num_tiles
+    num_tiles = triton.cdiv(tokens, config.block_m) * permuted.head_blocks * permuted.pair_blocks
     angles = coords is not None
     table = freqs if angles else cos  # fp32 stand-ins for the inputs a variant does not read
-    _qkv_rope_linear_kernel[(programs,)](
-        x_arg, w_arg, out_arg,
-        permuted.bias if permuted.bias is not None else table,
-        table if angles else cos, table if angles else sin,
-        coords if angles else table, table if not angles else freqs,
-        tokens, programs,
-        x.stride(0), permuted.weight.stride(0), out_heads.stride(0), out_heads.stride(1),
-        0 if angles else cos.stride(0), 0 if angles else cos.stride(1),
-        0 if angles else sin.stride(0), 0 if angles else sin.stride(1),
-        HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, ROTATED_HEADS=2 * heads if rotate else 0,
-        HEAD_BLOCKS=permuted.head_blocks,
-        PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile, GROUP_M=config.group_m,
-        HAS_BIAS=permuted.bias is not None, ANGLES=angles, USE_TMA=use_tma,
-        PERSISTENT=persistent, WARP_SPECIALIZE=config.warp_specialize and persistent,
-        INTERPRETED=triton_interpreter_enabled(),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    args = (x_arg, w_arg, out_arg,
+            permuted.bias if permuted.bias is not None else table,
+            table if angles else cos, table if angles else sin,
+            coords if angles else table, table if not angles else freqs,
+            tokens)
+    strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0), out_heads.stride(1),
+               0 if angles else cos.stride(0), 0 if angles else cos.stride(1),
+               0 if angles else sin.stride(0), 0 if angles else sin.stride(1))
+    meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
+                PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
+                GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
+                ANGLES=angles, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
+                INTERPRETED=triton_interpreter_enabled(),
+                num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.persistent:
+        programs = min(num_tiles, _num_sms(x.device))
+        _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
+    else:
+        _qkv_rope_kernel[(num_tiles,)](*args, *strides, **meta)
     return out
 
 
 def rotating_qkv_projection(linear: torch.nn.Linear, x: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, heads: int) -> torch.Tensor:
+                            sin: torch.Tensor, heads: int, *,
+                            permuted: PermutedQKVWeight | None = None) -> torch.Tensor:
     """``qkv_rope_linear`` for a model's QKV ``nn.Linear``: packed (T, 3, H, D), q/k rotated.
 
-    The permuted weight is built once and kept on the module
-    (``linear.qkv_rope_weight``); it is rebuilt if the module moves to another
-    device or dtype or its weight is updated in place."""
+    Reads ``linear.weight`` and ``linear.bias`` as they are at each call: without
+    ``permuted`` the weight is permuted on every call (one gather of W, nothing
+    kept on the module), so replacing or updating the parameters in any way is
+    always seen. A caller that permutes once (``permute_qkv_weight`` with
+    ``qkv_gemm_config``'s layout) passes it as ``permuted`` and owns its freshness."""
     if not isinstance(linear, torch.nn.Linear):
         raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+    if not isinstance(cos, torch.Tensor) or cos.dim() != 2:
+        raise ValueError("cos must be a 2-D (tokens, head_dim/2) float32 tensor")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     head_dim = 2 * cos.shape[-1]
     config = qkv_gemm_config(heads, head_dim, x.device, x.element_size())
-    w, b = linear.weight, linear.bias
-    versions = (w._version, None if b is None else b._version)
-    cached = getattr(linear, "qkv_rope_weight", None)
-    if (cached is None or cached[0] != versions or cached[1].weight.device != w.device
-            or cached[1].weight.dtype != w.dtype
-            or (cached[1].block_n, cached[1].heads_per_tile) != (config.block_n,
-                                                                  config.heads_per_tile)):
-        permuted = permute_qkv_weight(w.detach(), None if b is None else b.detach(), heads,
-                                      head_dim, block_n=config.block_n,
-                                      heads_per_tile=config.heads_per_tile)
-        linear.qkv_rope_weight = (versions, permuted)
-    return qkv_rope_linear(x, w, b, cos, sin, config=config,
-                           permuted=linear.qkv_rope_weight[1])
+    return qkv_rope_linear(x, linear.weight, linear.bias, cos, sin, config=config,
+                           permuted=permuted)
