@@ -62,7 +62,7 @@ from rope_kernels.study import plots
 from rope_kernels.study.devices import provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.plots import with_units
-from rope_kernels.study.summary import judge_against_minimum, pr_comparison
+from rope_kernels.study.summary import pr_comparison
 from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
@@ -149,41 +149,19 @@ else:
 # %% [markdown]
 # ## The study's targets
 #
-# Evaluated from the rows above (benchmarks, not tests): fused at >= 90% of the copy ceiling at
-# 8192 tokens and more (a time under the physical minimum reads "within noise", never "met");
-# fused at or under the PR's fused time on its 12 rows; at 16 x 72 and 4096+ tokens fused at
-# least 1.5x `compiled` and 3x `liger`; against what the engines ship, on Kimi's shapes
-# (16/4/2 heads x 72, >= 5476 tokens): fused at least 2.0x vLLM 0.33's `vllm_packed_qk` at 16
-# heads (and faster at 4 and 2), and at least 1.05x SGLang's `sglang_vision`.
+# Judged from the rows above by `rope_kernels.study.targets` (one tested table of every target:
+# what, which rows, against what, threshold; `python -m rope_kernels targets` prints it for the
+# committed data). Ratios are like for like: an in-place peer against our in-place kernel, an
+# out-of-place one against our out-of-place kernel. A time under the physical minimum reads
+# "within noise", never "met"; a peer that did not run reads "not measured". Benchmarks, not tests.
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-g = bench[(bench["mode"] == "cudagraph") & (bench.dtype == "bfloat16")] if "cudagraph" in set(bench["mode"]) else bench.iloc[0:0]
-checks = []
-f = g[(g.variant == "fused") & (g.tokens >= 8192)]
-for _, r in f.iterrows():
-    verdict, reason = judge_against_minimum(r.median_us, r.bytes / (r.copy_gbps * 1e3), 100 / 90)
-    checks.append({"target": "fused >= 90% of copy", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                   "unit": "%", "value": r.pct_of_copy, "goal": 90.0, "verdict": verdict, "reason": reason})
-for m, label in (("cudagraph", "cold L2"), ("cudagraph_warm", "warm L2")):
-    for _, r in cmp.get(m, pd.DataFrame()).iterrows():
-        checks.append({"target": f"fused <= PR fused ({label})", "shape": f"{r.tokens}x{r.heads}x{r.head_dim}",
-                       "unit": "us", "value": r.our_fused_us, "goal": r.fused_us, "verdict": r.check, "reason": ""})
-kimi_all = g[(g.head_dim == 72)].pivot_table(index=["heads", "tokens"], columns="variant", values="median_us")
-goals = [("compiled", 1.5, lambda h, t: h == 16 and t >= 4096), ("liger", 3.0, lambda h, t: h == 16 and t >= 4096),
-         ("vllm_packed_qk", 2.0, lambda h, t: h == 16 and t >= 5476),
-         ("vllm_packed_qk", 1.0, lambda h, t: h != 16 and t >= 5476),
-         ("sglang_vision", 1.05, lambda h, t: t >= 5476)]
-for peer, goal, applies in goals:
-    if peer in kimi_all and "fused" in kimi_all:
-        for (h, t), r in kimi_all.iterrows():
-            if applies(h, t):
-                ratio = r[peer] / r["fused"]
-                checks.append({"target": f"{peer} time / fused time", "shape": f"{t}x{h}x72", "unit": "x",
-                               "value": ratio, "goal": goal, "verdict": "met" if ratio >= goal else "missed",
-                               "reason": ""})
-targets = pd.DataFrame(checks)
-targets.round(2) if len(targets) else print("Targets are defined for the GPU profile (cudagraph mode).")
+from rope_kernels.study.targets import evaluate, summarize, targets_for
+
+kernel_targets = targets_for("microbench")
+verdicts = evaluate({"microbench": bench, "pr_table": pr}, kernel_targets)
+display(summarize(verdicts, kernel_targets)[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])
+with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 
 # %% [markdown]
 # ## Block sizes: the evidence behind the launch heuristic
@@ -253,6 +231,14 @@ if qkv_gemm and kind != "cpu":
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
 else:
     print("QKV projection benchmark: GPU profile only (qkv_gemm=True)")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if qkv_gemm and kind != "cpu":
+    qkv_targets = targets_for("qkv_gemm")
+    qkv_verdicts = evaluate({"qkv_gemm": qkv}, qkv_targets)
+    display(summarize(qkv_verdicts, qkv_targets)[["target", "what", "rule", "verdict", "counts", "measured"]])
+    display(qkv_verdicts.drop(columns=["op", "threshold", "unit"]).round(3))
 
 # %% [markdown]
 # **Caveats.** Timings are of the RoPE call alone; in a model its inputs come from the qkv

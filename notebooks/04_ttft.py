@@ -67,7 +67,6 @@ from rope_kernels.bench.encoder_bench import (bucket_rounds, bucket_rows, forwar
                                               outputs_agree, paired_gain_pct, rope_minimal_ms, rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps
-from rope_kernels.study.summary import judge_against_minimum, judge_column
 from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.study import plots
 
@@ -207,12 +206,10 @@ for v in variants:
 with_units(in_place.rename(columns={v: f"{v}_ms" for v in variants})).round(3)
 
 # %% [markdown]
-# ## Targets (GPU profile)
+# ## RoPE's cost at 16 images of 1024x1024 (GPU profile)
 #
-# At 16 images of 1024x1024, in both modes: the fused encoder's RoPE cost (fused minus none) at
-# most 1.2x the physical minimum (27 layers x RoPE's minimal bytes / copy bandwidth), and the
-# fused encoder at least 7% faster than native.
-#
+# The fused encoder's RoPE cost (fused minus none) against the physical minimum (27 layers x
+# RoPE's minimal bytes / copy bandwidth), by medians and per round, and its saving over native.
 # RoPE's cost is about 1.5% of this encoder's time while one forward varies by about 1% from
 # round to round, so "fused minus none" resolves it only to a few ms; the in-place device time
 # from the profiler (printed below the tables) measures the same cost directly.
@@ -222,26 +219,19 @@ with_units(in_place.rename(columns={v: f"{v}_ms" for v in variants})).round(3)
 t16 = wide[(wide.resolution == "1024x1024") & (wide.images == 16)]
 if len(t16) and "fused_rope_cost_ms" in t16:
     display(with_units(t16[["mode", "native", "fused", "none", "fused_rope_cost_ms", "rope_minimal_ms",
-                            "fused_cost_over_minimal", "fused_saving_pct"]].assign(
-        cost_verdict=judge_column(t16.fused_rope_cost_ms, t16.rope_minimal_ms, 1.2).verdict.values,
-        saving_met=t16.fused_saving_pct >= 7).rename(
+                            "fused_cost_over_minimal", "fused_saving_pct"]].rename(
         columns={"native": "native_ms", "fused": "fused_ms", "none": "none_ms"})).round(3))
     p16 = ttft[(ttft.resolution == "1024x1024") & (ttft.images == 16) & (ttft.variant == "fused")]
     minimal = rope_minimal_ms(int(p16.vit_tokens.iloc[0]), cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
     print("per-round (paired) estimates, median [p20, p80]:")
     display(with_units(p16[["mode", "paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
                             "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80"]].assign(
-        rope_minimal_ms=minimal, cost_over_minimal=p16.paired_rope_cost_ms / minimal,
-        cost_verdict=judge_column(p16.paired_rope_cost_ms, [minimal] * len(p16), 1.2).verdict.values,
-        saving_met=p16.paired_saving_pct >= 7)).round(3))
+        rope_minimal_ms=minimal, cost_over_minimal=p16.paired_rope_cost_ms / minimal)).round(3))
     in_place = p16.profiled_rope_device_ms.iloc[0]
     print(f"RoPE measured in place (profiler, fused kernels' device time in one forward): "
           f"{in_place:.3f} ms = {in_place / minimal:.3f}x the {minimal:.3f} ms minimum")
-    for _, r in p16.iterrows():
-        print(r["mode"], "paired cost:", *judge_against_minimum(r.paired_rope_cost_ms, minimal, 1.2))
-    print("in place:", *judge_against_minimum(in_place, minimal, 1.2))
 else:
-    print("targets are defined for 16 images of 1024x1024 (the GPU profile)")
+    print("the cost at 16 images of 1024x1024 is measured in the GPU profile")
 
 # %% [markdown]
 # ## Against what the engines ship, and RoPE inside the QKV projection
@@ -249,15 +239,13 @@ else:
 # Per round, how much faster each variant ran than another in the same round (median
 # [p20, p80] over rounds): the fused encoder against vLLM 0.33's in-place path
 # (`vllm_packed_qk`), SGLang's, and the merged PR path; `gemm_epilogue` (RoPE in the QKV
-# GEMM's epilogue) against the floor (RoPE skipped) and against fused in place.
-# Targets at 16 x 1024x1024: fused faster than vllm_packed_qk with p20 above zero;
-# gemm_epilogue within 0.3% of the floor (median) and faster than fused.
+# GEMM's epilogue) against the floor (RoPE skipped) and against fused, out of and in place.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 pairs = [("fused", "vllm_packed_qk"), ("fused_inplace", "vllm_packed_qk"), ("fused", "sglang_vision"),
          ("fused", "vllm_merged"), ("fused", "native"), ("gemm_epilogue", "none"),
-         ("gemm_epilogue", "fused_inplace")]
+         ("gemm_epilogue", "fused"), ("gemm_epilogue", "fused_inplace")]
 gains = []
 for (res, n, mode), times in round_times.items():
     for a, b in pairs:
@@ -268,19 +256,24 @@ for (res, n, mode), times in round_times.items():
 gains = pd.DataFrame(gains)
 if len(gains):
     display(with_units(gains[(gains.resolution == gains.resolution.iloc[-1])]).round(2))
-    big = gains[(gains.resolution == "1024x1024") & (gains.images == 16)]
-    for _, r in big.iterrows():
-        if (r.variant, r.against) in (("fused", "vllm_packed_qk"), ("fused_inplace", "vllm_packed_qk")):
-            verdict = "met" if r.p20_pct > 0 else "missed"
-            print(f"{r['mode']}: {r.variant} faster than {r.against} by {r.faster_by_pct:.2f}% "
-                  f"[p20 {r.p20_pct:.2f}, p80 {r.p80_pct:.2f}] -> {verdict} (p20 > 0)")
-        if (r.variant, r.against) == ("gemm_epilogue", "none"):
-            verdict = "met" if -r.faster_by_pct <= 0.3 else "missed"
-            print(f"{r['mode']}: gemm_epilogue slower than the floor by {-r.faster_by_pct:.2f}% "
-                  f"[p20-p80 {-r.p80_pct:.2f} .. {-r.p20_pct:.2f}] -> {verdict} (<= 0.3%)")
-        if (r.variant, r.against) == ("gemm_epilogue", "fused_inplace"):
-            verdict = "met" if r.faster_by_pct > 0 else "missed"
-            print(f"{r['mode']}: gemm_epilogue vs fused in place {r.faster_by_pct:+.2f}% -> {verdict} (> 0)")
+
+# %% [markdown]
+# ## The study's targets
+#
+# Judged from this run's rows by `rope_kernels.study.targets` (one tested table of every target;
+# `python -m rope_kernels targets` prints it for the committed data): at 16 x 1024x1024, in both
+# modes, the encoder with our RoPE faster than with vLLM 0.33's per round (p20 above zero, our
+# in-place kernel against its in-place one), at least 7% faster than native, RoPE's cost at most
+# 1.2x (notebook) and 1.1x (issue 17) its physical minimum, and `gemm_epilogue` faster than fused
+# and within 0.3% of the floor. A bucket this run did not time reads "not measured".
+
+# %%
+from rope_kernels.study.targets import evaluate, summarize, targets_for
+
+encoder_targets = targets_for("encoder")
+verdicts = evaluate({"encoder": ttft}, encoder_targets)
+display(summarize(verdicts, encoder_targets)[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])
+with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 
 # %% [markdown]
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the

@@ -1,5 +1,5 @@
 """Command line: ``python -m rope_kernels {run,wheelhouse,peers,refresh-notebooks,index,submit,
-compile-matrix}``."""
+compile-matrix,targets,findings}``."""
 
 from __future__ import annotations
 
@@ -124,6 +124,45 @@ def _compile_matrix(args) -> int:
     return 0
 
 
+def _targets(args) -> int:
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.targets import report, result_folders
+
+    root = Path(args.data_root) if args.data_root else REPO_ROOT / "data"
+    folders = [root / args.device] if args.device else result_folders(root)
+    if not folders or not folders[0].is_dir():
+        print(f"rope-study: error: no result folder {folders[0] if folders else root / '<device>'}",
+              file=sys.stderr)
+        return 2
+    print("\n\n".join(report(f, detail=not args.summary) for f in folders))
+    return 0
+
+
+def _findings(args) -> int:
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.findings import DEVICE, readme_section, render_findings, write_readme
+
+    folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / (args.device or DEVICE)
+    readme = Path(args.readme) if args.readme else REPO_ROOT / "README.md"
+    try:
+        section = render_findings(folder)
+        if args.write:
+            changed = write_readme(readme, section)
+            print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
+        elif args.check:
+            if readme_section(readme.read_text()) != section:
+                print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
+                      "run: python -m rope_kernels findings --write", file=sys.stderr)
+                return 1
+            print(f"{readme}: findings match {folder}")
+        else:
+            print(section, end="")
+    except (ValueError, OSError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 DESCRIPTION = ("Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5): run the notebooks for "
                "this machine's device, rebuild the index, refresh the notebooks' stored outputs, "
                "or prepare offline GPU nodes. `rope-study run --help` lists the notebooks and "
@@ -243,6 +282,24 @@ def build_parser() -> argparse.ArgumentParser:
                        "sm_90 and sm_100 (no GPU needed); data/compile/compile_matrix.csv")
     c.add_argument("--out", type=Path, default=None, help="CSV path (default: data/compile/...)")
     c.set_defaults(func=_compile_matrix)
+
+    t = sub.add_parser("targets", help="judge every target of the study on a device's result rows "
+                       "(rope_kernels/study/targets.py) and print the table as markdown")
+    t.add_argument("--device", default="", help="a folder under data/, e.g. nvidia-h200 "
+                   "(default: every device folder)")
+    t.add_argument("--data-root", default="", help="default: this checkout's data/")
+    t.add_argument("--summary", action="store_true", help="one line per target, no per-shape rows")
+    t.set_defaults(func=_targets)
+
+    f = sub.add_parser("findings", help="generate README.md's findings section from a device's "
+                       "committed rows (print it, --write it into README.md, or --check it)")
+    f.add_argument("--device", default="", help="a folder under data/ (default nvidia-h200)")
+    f.add_argument("--data-root", default="", help="default: this checkout's data/")
+    f.add_argument("--readme", default="", help="default: this checkout's README.md")
+    what = f.add_mutually_exclusive_group()
+    what.add_argument("--write", action="store_true", help="replace the section between the markers")
+    what.add_argument("--check", action="store_true", help="exit 1 when the README's section differs")
+    f.set_defaults(func=_findings)
 
     n = sub.add_parser("refresh-notebooks",
                        help="re-execute notebooks with their default (CPU) parameters, in place")

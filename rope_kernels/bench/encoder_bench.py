@@ -183,7 +183,8 @@ def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds,
                 copy_gbps: float, **fields) -> list[dict]:
     """One ttft row per variant of a timed bucket: median/p20/p80 of its forward
     over the rounds (ms), per-round paired statistics (``paired_stats``), where it
-    ran in each round, and, prefixed ``profiled_``, RoPE's share and device time
+    ran in each round, its per-round times (``round_ms``, ";"-joined, so any two
+    variants can be compared round by round from the file), and, prefixed ``profiled_``, RoPE's share and device time
     (``profiled[v]`` = ``rope_profile``'s (RoPE ms, all ms)) and peak memory of one
     profiled forward. ``fields`` (e.g. layers, encoder) go into every row."""
     rows = []
@@ -195,6 +196,7 @@ def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds,
                      "attention_kernel": attention, "timer": t.timer, "median_ms": t.median_us / 1e3,
                      "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
                      "round_positions": rounds.positions(v), "order_seed": str(rounds.seed),
+                     "round_ms": ";".join(f"{x / 1e3:.6g}" for x in ts),
                      "profiled_rope_share": rope_ms / all_ms if all_ms > 0 else nan,
                      "profiled_rope_device_ms": rope_ms, "profiled_peak_mem_mb": peaks[v],
                      "copy_gbps": copy_gbps, **fields, **peer_columns(v),

@@ -5,7 +5,6 @@ Shared by notebooks/05_summary and reports/index.html so both say the same.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -14,36 +13,6 @@ from rope_kernels.study.results import TABLES
 
 KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
 PR_TABLE = Path(__file__).resolve().parents[2] / "data" / "reference" / "pr50400_table.csv"
-
-
-def judge_against_minimum(value: float, minimum: float, target_ratio: float) -> tuple[str, str]:
-    """(verdict, reason) for a cost target "``value`` at most ``target_ratio`` x its
-    physical ``minimum``" (a time; e.g. the minimal bytes at copy bandwidth).
-    Verdicts: "met", "missed", "within noise" (below 1.0x the minimum: no kernel
-    can do that, so the measurement's noise exceeds the cost and it confirms
-    nothing), "no data" (NaN)."""
-    if not (isinstance(target_ratio, (int, float)) and target_ratio >= 1.0):
-        raise ValueError(f"target_ratio must be a number >= 1.0, got {target_ratio!r}")
-    if not (isinstance(minimum, (int, float)) and math.isfinite(minimum) and minimum > 0):
-        raise ValueError(f"minimum must be a positive finite number, got {minimum!r}")
-    if value is None or not math.isfinite(value):
-        return "no data", "no measurement"
-    ratio = value / minimum
-    if ratio < 1.0:
-        return "within noise", (f"{value:.4g} is {ratio:.3f}x the physical minimum {minimum:.4g}: "
-                                "below what its bytes allow, so noise exceeds the cost; not a pass")
-    if ratio <= target_ratio:
-        return "met", f"{ratio:.2f}x the minimum {minimum:.4g} (target <= {target_ratio:g}x)"
-    return "missed", f"{ratio:.2f}x the minimum {minimum:.4g} (target <= {target_ratio:g}x)"
-
-
-def judge_column(values, minimums, target_ratio: float) -> pd.DataFrame:
-    """``judge_against_minimum`` over aligned sequences: columns verdict, reason."""
-    values, minimums = list(values), list(minimums)
-    if len(values) != len(minimums):
-        raise ValueError(f"{len(values)} values but {len(minimums)} minimums")
-    judged = [judge_against_minimum(float(v), float(m), target_ratio) for v, m in zip(values, minimums)]
-    return pd.DataFrame(judged, columns=["verdict", "reason"])
 
 
 def load_device_tables(data_root: Path, name: str, device_folders: str = "all") -> pd.DataFrame:

@@ -1,0 +1,144 @@
+"""README.md's findings section is what the committed rows give (rope_kernels.study.findings),
+and the generator adapts to the files, columns and variants a run wrote."""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from rope_kernels.study import findings as F
+from rope_kernels.study import targets as T
+from rope_kernels.study.devices import REPO_ROOT
+
+DATA = REPO_ROOT / "data" / F.DEVICE
+
+
+def _registry_gap(folder) -> list[str]:
+    """Variants whose in-place-ness neither the rows nor this machine's registry know
+    (old rows without an ``in_place`` column on a machine without the peers' files)."""
+    micro = T.load_tables(folder)["microbench"]
+    if micro.empty or "in_place" in micro.columns:
+        return []
+    return [v for v in sorted(set(micro["variant"])) if T.in_place(micro, v) is None]
+
+
+def test_readme_findings_are_what_the_committed_rows_give():
+    gap = _registry_gap(DATA)
+    if gap:
+        pytest.skip(f"rows lack in_place and this registry lacks {gap}: python -m rope_kernels peers fetch")
+    committed = F.readme_section((REPO_ROOT / "README.md").read_text())
+    generated = F.render_findings(DATA)
+    assert committed == generated, ("README.md's findings differ from data/" + F.DEVICE
+                                    + "; run: python -m rope_kernels findings --write")
+
+
+def test_a_changed_row_changes_the_findings(tmp_path):
+    """The comparison above can fail: one fused time changed, the findings change."""
+    if _registry_gap(DATA):
+        pytest.skip("registry lacks peers")
+    copy = tmp_path / F.DEVICE
+    shutil.copytree(DATA, copy)
+    micro = pd.read_csv(copy / "microbench.csv")
+    hit = (micro.variant == "fused") & (micro.tokens == 87616) & (micro.heads == 16) & (micro["mode"] == "cudagraph")
+    assert hit.sum() == 1
+    micro.loc[hit, "median_us"] *= 1.1
+    micro.to_csv(copy / "microbench.csv", index=False)
+    assert F.render_findings(copy) != F.render_findings(DATA)
+
+
+def _micro(variants: dict[str, tuple[float, bool, str]]) -> pd.DataFrame:
+    rows = []
+    for mode in ("cudagraph", "cudagraph_warm"):
+        for t, h in [(t, h) for h in T.KIMI_HEADS for t in T.KIMI_TOKENS]:
+            for v, (us, place, pkg) in variants.items():
+                rows.append({"variant": v, "tokens": t, "heads": h, "head_dim": 72, "dtype": "bfloat16",
+                             "mode": mode, "median_us": us * t / 5476 * h / 16, "bytes": 8 * t * h * 72,
+                             "copy_ceiling_gbps": 4000.0, "in_place": place, "peer_package": pkg or None,
+                             "peer_version": "1.0" if pkg else None, "peer_sha256": "ab" * 32 if pkg else None,
+                             "device_name": "GPU X", "torch_version": "2.99", "triton_version": "9.9",
+                             "git_commit": "c0ffee"})
+    return pd.DataFrame(rows)
+
+
+def test_new_peers_files_and_columns_are_reported(tmp_path):
+    dev = tmp_path / "gpu-x"
+    dev.mkdir()
+    _micro({"native": (100.0, False, ""), "fused": (10.0, False, ""), "fused_inplace": (10.5, True, ""),
+            "flashinfer": (21.0, True, "flashinfer-python"), "quack_qkv": (11.0, True, "quack-kernels"),
+            "brand_new_peer": (30.0, False, "newpkg")}).to_csv(dev / "microbench.csv", index=False)
+    enc = []
+    for mode in ("cudagraph", "eager"):
+        for v, ms in (("native", 100.0), ("fused", 92.0), ("fused_inplace", 92.5), ("flashinfer", 95.0),
+                      ("none", 90.0)):
+            enc.append({"variant": v, "resolution": "1024x1024", "images": 16, "vit_tokens": 87616,
+                        "mode": mode, "median_ms": ms, "samples": 3, "layers": 27, "encoder": "kimi_k25",
+                        "copy_ceiling_gbps": 4000.0, "in_place": v in ("fused_inplace", "flashinfer"),
+                        "paired_saving_pct": 100 * (100 - ms) / 100, "paired_saving_pct_p20": 0.0,
+                        "paired_saving_pct_p80": 9.0, "profiled_rope_device_ms": 6.0,
+                        "round_ms": ";".join(str(ms + d) for d in (0.0, 0.1, -0.1)),
+                        "device_name": "GPU X", "git_commit": "c0ffee"})
+    pd.DataFrame(enc).to_csv(dev / "encoder_latency.csv", index=False)
+    qkv = [{"variant": v, "tokens": t, "mode": "cudagraph", "median_us": us * t / 21904}
+           for t in T.QKV_TOKENS for v, us in (("cublas_linear", 280.0), ("cublas_linear+fused_rope", 340.0),
+                                               ("qkv_rope_linear", 400.0), ("quack_gemm_rope", 304.0))]
+    pd.DataFrame(qkv).to_csv(dev / "qkv_gemm.csv", index=False)
+    text = F.render_findings(dev)
+    assert "## Findings on GPU X" in text and "`c0ffee`" in text
+    assert "FlashInfer / `fused_inplace` | " in text and "`brand_new_peer` / `fused`" in text
+    assert "2.00x" in text  # flashinfer 21 us over fused_inplace 10.5 us
+    assert "`encoder_latency.csv`" in text and "flashinfer" in text.split("Vision encoder")[1]
+    assert "`quack_gemm_rope` [us]" in text and "(1.21x)" in text  # 340 / 280
+    absent = text.split("Not measured in these rows:")[1].split("\n")[0]
+    assert "`sglang_kimi_k25`" in absent and "`vllm_packed_qk`" in absent and "`flashinfer`" not in absent
+    assert "from 1 commit" not in text and "not one run" not in text
+    assert "lack per-round times" not in text and "no `in_place` column" not in text
+    verdicts = T.summarize(T.evaluate(T.load_tables(dev))).set_index("target")["verdict"]
+    assert verdicts["kimi_1.05x_flashinfer"] == "met" and verdicts["kimi_1.05x_quack_qkv"] == "missed"  # 1.048x
+    assert verdicts["qkv_vs_cublas_fused_rope"] == "missed"
+    assert verdicts["encoder_vs_vllm"] == "not measured"
+
+
+def test_absent_tables_read_not_measured(tmp_path):
+    dev = tmp_path / "gpu-y"
+    dev.mkdir()
+    _micro({"native": (100.0, False, ""), "fused": (10.0, False, "")}).to_csv(dev / "microbench.csv", index=False)
+    text = F.render_findings(dev)
+    assert "**Vision encoder:** not measured." in text
+    assert "not measured in these rows (no `qkv_gemm.csv`)" in text
+    assert "Launches per call: not measured." in text
+
+
+def test_write_replaces_only_the_marked_section(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# t\n\nbefore\n{F.FINDINGS_BEGIN}\nold\n{F.FINDINGS_END}\n\nafter\n")
+    assert F.write_readme(readme, "new 1.23x\n")
+    assert readme.read_text() == f"# t\n\nbefore\n{F.FINDINGS_BEGIN}\nnew 1.23x\n{F.FINDINGS_END}\n\nafter\n"
+    assert not F.write_readme(readme, "new 1.23x\n")  # unchanged: not rewritten
+    assert F.readme_section(readme.read_text()) == "new 1.23x\n"
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        F.write_readme(readme, "x\n")
+    assert list(tmp_path.iterdir()) == [readme]  # no temporary file left
+
+
+def test_cli_check_fails_on_a_stale_readme(tmp_path, capsys):
+    from rope_kernels.__main__ import main
+
+    dev = tmp_path / "data" / "gpu-z"
+    dev.mkdir(parents=True)
+    _micro({"native": (100.0, False, ""), "fused": (10.0, False, "")}).to_csv(dev / "microbench.csv", index=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{F.FINDINGS_BEGIN}\nstale 9.99x\n{F.FINDINGS_END}\n")
+    args = ["findings", "--data-root", str(tmp_path / "data"), "--device", "gpu-z", "--readme", str(readme)]
+    assert main(args + ["--check"]) == 1 and "differ" in capsys.readouterr().err
+    assert main(args + ["--write"]) == 0
+    assert main(args + ["--check"]) == 0
+    assert main(["findings", "--data-root", str(tmp_path / "data"), "--device", "absent"]) == 2
+
+
+def test_span():
+    assert F.span([1.0, 2.0]) == "1.00-2.00"
+    assert F.span([1.001, 1.004]) == "1.00"
+    assert F.span([float("nan")]) == "-"

@@ -1,0 +1,286 @@
+"""The study's targets (rope_kernels.study.targets) judged on synthetic result rows:
+met, missed, within noise, exact boundaries, missing rows, in-place pairing."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from rope_kernels.study import targets as T
+from rope_kernels.study.targets import (KIMI_SHAPES, TARGETS, Target, evaluate, judge_against_minimum,
+                                        overall, summarize)
+
+CEILING = 4000.0  # GB/s
+
+
+def target(tid: str) -> Target:
+    return next(t for t in TARGETS if t.id == tid)
+
+
+def micro(times: dict[str, float | dict], *, mode="cudagraph", shapes=KIMI_SHAPES, in_place=None,
+          nbytes=None) -> pd.DataFrame:
+    """Microbench rows: variant -> one median (us) for every shape, or {shape: us}."""
+    rows = []
+    for variant, t in times.items():
+        for shape in shapes:
+            us = t.get(shape) if isinstance(t, dict) else t
+            if us is None:
+                continue
+            row = {"variant": variant, "tokens": shape[0], "heads": shape[1], "head_dim": shape[2],
+                   "dtype": "bfloat16", "mode": mode, "median_us": us, "copy_gbps": CEILING,
+                   "bytes": nbytes if nbytes is not None else 1.0e6}
+            if in_place is not None:
+                row["in_place"] = in_place[variant]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+PLACE = {"fused": False, "fused_inplace": True, "vllm_packed_qk": True, "sglang_vision": False,
+         "compiled": False, "liger": False, "flashinfer": True}
+
+
+def verdicts_of(tid: str, tables: dict) -> pd.DataFrame:
+    return evaluate(tables, [target(tid)])
+
+
+# --- ratio targets: exact boundaries, like for like --------------------------------
+def test_boundary_is_exact_1_0483_misses_1_05():
+    tables = {"microbench": micro({"fused": 100.0, "fused_inplace": 100.0, "sglang_vision": 104.83},
+                                  in_place=PLACE)}
+    v = verdicts_of("kimi_1.05x_sglang_vision", tables)
+    assert len(v) == len(KIMI_SHAPES) and set(v.verdict) == {"missed"}
+    assert v.value.iloc[0] == pytest.approx(1.0483)
+    tables = {"microbench": micro({"fused": 100.0, "fused_inplace": 100.0, "sglang_vision": 105.0},
+                                  in_place=PLACE)}
+    assert set(verdicts_of("kimi_1.05x_sglang_vision", tables).verdict) == {"met"}  # >= is inclusive
+
+
+def test_faster_is_strict():
+    tables = {"microbench": micro({"fused": 10.0, "fused_inplace": 10.0, "vllm_packed_qk": 10.0},
+                                  in_place=PLACE)}
+    assert set(verdicts_of("vllm_faster_4_2_heads", tables).verdict) == {"missed"}  # level is not faster
+
+
+def test_in_place_peer_is_paired_with_our_in_place_kernel():
+    # Out of place ours is 2.5x faster, in place only 1.9x: vLLM (in place) is judged against in place.
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 52.63, "vllm_packed_qk": 100.0},
+                                  in_place=PLACE)}
+    v = verdicts_of("vllm_2x_16_heads", tables)
+    assert set(v.ours) == {"fused_inplace"} and set(v.verdict) == {"missed"}
+    assert v.value.iloc[0] == pytest.approx(100 / 52.63)
+    # ... and an out-of-place peer with our out-of-place kernel.
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 100.0, "sglang_vision": 50.0},
+                                  in_place=PLACE)}
+    v = verdicts_of("kimi_1.05x_sglang_vision", tables)
+    assert set(v.ours) == {"fused"} and set(v.verdict) == {"met"}
+
+
+def test_in_place_column_wins_over_the_registry():
+    # The rows say vllm_packed_qk ran out of place (a deliberately different row): pair with fused.
+    place = dict(PLACE, vllm_packed_qk=False)
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 60.0, "vllm_packed_qk": 100.0},
+                                  in_place=place)}
+    assert set(verdicts_of("vllm_2x_16_heads", tables).ours) == {"fused"}
+
+
+def test_without_an_in_place_column_the_registry_decides():
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 52.63, "vllm_packed_qk": 100.0})}
+    v = verdicts_of("vllm_2x_16_heads", tables)
+    assert set(v.ours) == {"fused_inplace"}  # the registry's Variant.inplace of vllm_packed_qk
+    # A peer the registry does not know and the rows do not describe cannot be paired.
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 52.63, "flashinfer": 100.0})}
+    v = verdicts_of("kimi_1.05x_flashinfer", tables)
+    if "flashinfer" not in __import__("rope_kernels").VARIANTS:
+        assert set(v.verdict) == {"not measured"} and v.detail.str.contains("in place").all()
+
+
+def test_missing_rows_are_not_measured_shape_by_shape():
+    some = {s: 100.0 for s in KIMI_SHAPES[:2]}
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_packed_qk": some},
+                                  in_place=PLACE)}
+    v = verdicts_of("vllm_2x_16_heads", tables)
+    assert v.verdict.tolist() == ["met", "met", "not measured", "not measured"]
+    assert overall(v.verdict) == "not measured"
+    # No rows at all: every target still yields rows, all not measured.
+    v = evaluate({})
+    assert len(v) and set(v.verdict) == {"not measured"}
+    assert set(summarize(v).verdict) == {"not measured"}
+
+
+def test_warm_rows_do_not_answer_cold_targets():
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_packed_qk": 100.0},
+                                  mode="cudagraph_warm", in_place=PLACE)}
+    assert set(verdicts_of("vllm_2x_16_heads", tables).verdict) == {"not measured"}
+
+
+def test_overall_precedence():
+    assert overall(["met", "met"]) == "met"
+    assert overall(["met", "within noise"]) == "within noise"
+    assert overall(["met", "not measured", "within noise"]) == "not measured"
+    assert overall(["met", "missed", "not measured"]) == "missed"
+    assert overall([]) == "not measured"
+
+
+# --- against the physical minimum ----------------------------------------------------
+def test_copy_fraction_met_missed_and_within_noise():
+    nbytes = 4.0e6  # at 4000 GB/s: 1.0 us minimum
+    shapes = [(21904, 16, 72), (43808, 16, 72), (87616, 16, 72)]
+    tables = {"microbench": micro({"fused": {shapes[0]: 1.0 / 0.9, shapes[1]: 1.0 / 0.8999,
+                                             shapes[2]: 0.97}}, shapes=shapes, nbytes=nbytes)}
+    v = verdicts_of("copy_90pct_kimi_16_heads", tables)
+    assert v.verdict.tolist() == ["met", "missed", "within noise"]
+    assert v.value.iloc[0] == pytest.approx(90.0)
+
+
+def test_copy_fraction_reads_a_renamed_ceiling_column():
+    tables = {"microbench": micro({"fused": 1.0}, shapes=[(87616, 16, 72)], nbytes=4.0e6)
+              .rename(columns={"copy_gbps": "copy_ceiling_gbps"})}
+    v = verdicts_of("copy_90pct_kimi_16_heads", tables)
+    assert v.value.dropna().tolist() == [pytest.approx(100.0)]
+
+
+def test_judge_against_minimum():
+    verdict, reason = judge_against_minimum(5.3, 5.32, 1.2)
+    assert verdict == "within noise" and "minimum" in reason and "0.996x" in reason
+    assert judge_against_minimum(6.21, 5.32, 1.2)[0] == "met"
+    assert judge_against_minimum(5.32, 5.32, 1.2)[0] == "met"  # exactly the minimum is possible
+    assert judge_against_minimum(5.32 * 1.2, 5.32, 1.2)[0] == "met"
+    assert judge_against_minimum(7.0, 5.32, 1.2)[0] == "missed"
+    assert judge_against_minimum(float("nan"), 5.32, 1.2)[0] == "not measured"
+    with pytest.raises(ValueError, match="target_ratio"):
+        judge_against_minimum(1.0, 1.0, 0.9)
+    with pytest.raises(ValueError, match="minimum"):
+        judge_against_minimum(1.0, 0.0, 1.2)
+
+
+def test_pr_table_cold_below_minimum_is_within_noise():
+    pr = pd.DataFrame({"tokens": [8192, 4096, 1024], "heads": [12, 12, 12], "head_dim": [128] * 3,
+                       "native_us": [50.0] * 3, "fused_us": [30.0, 5.0, 10.0], "speedup": [5.0] * 3})
+    shapes = [(8192, 12, 128), (4096, 12, 128)]
+    rows = micro({"fused": {shapes[0]: 29.0, shapes[1]: 4.0}}, shapes=shapes, nbytes=20.0e6)  # min 5 us
+    v = verdicts_of("pr_table_cold", {"microbench": rows, "pr_table": pr})
+    assert v.verdict.tolist() == ["met", "within noise", "not measured"]
+    warm = rows.assign(mode="cudagraph_warm")
+    v = verdicts_of("pr_table_warm", {"microbench": warm, "pr_table": pr})
+    assert v.verdict.tolist() == ["met", "met", "not measured"]  # warm L2 has no DRAM minimum
+
+
+# --- encoder --------------------------------------------------------------------------
+def encoder(medians: dict[str, float], rounds: dict[str, list[float]] | None = None, *,
+            mode="cudagraph", ceiling=4000.0) -> pd.DataFrame:
+    rows = []
+    for v, ms in medians.items():
+        row = {"variant": v, "resolution": "1024x1024", "images": 16, "vit_tokens": 87616, "mode": mode,
+               "median_ms": ms, "copy_gbps": ceiling, "layers": 27, "encoder": "kimi_k25",
+               "in_place": PLACE.get(v, False)}
+        if rounds is not None:
+            row["round_ms"] = ";".join(str(x) for x in rounds[v])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_encoder_paired_met_within_noise_missed():
+    base = [100.0, 100.0, 100.0, 100.0, 100.0]
+    cases = {"met": [99.0, 99.5, 98.0, 99.2, 99.1],          # faster in every round
+             "within noise": [99.0, 101.0, 98.0, 100.5, 99.5],  # faster by median, p20 below 0
+             "missed": [101.0, 100.5, 99.0, 100.2, 100.1]}
+    for expected, mine in cases.items():
+        rounds = {"vllm_packed_qk": base, "fused_inplace": mine, "fused": [200.0] * 5}
+        tables = {"encoder": encoder({v: 1.0 for v in rounds}, rounds)}
+        v = verdicts_of("encoder_vs_vllm", tables)
+        cold = v[v["mode"] == "cudagraph"]
+        assert cold.verdict.tolist() == [expected], (expected, cold.detail.tolist())
+        assert cold.ours.tolist() == ["fused_inplace"]  # vLLM's path is in place
+        assert v[v["mode"] == "eager"].verdict.tolist() == ["not measured"]
+
+
+def test_encoder_rows_without_round_times_are_not_measured():
+    tables = {"encoder": encoder({"fused": 1.0, "fused_inplace": 1.0, "vllm_packed_qk": 2.0})}
+    v = verdicts_of("encoder_vs_vllm", tables)
+    assert set(v.verdict) == {"not measured"} and v.detail.str.contains("round_ms|no vllm").all()
+
+
+def test_encoder_floor_gap():
+    rounds = {"none": [100.0] * 5, "gemm_epilogue": [100.3] * 5}
+    v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["met"]  # 0.3% slower: at the limit
+    rounds = {"none": [100.0] * 5, "gemm_epilogue": [100.31] * 5}
+    v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["missed"]
+
+
+def test_encoder_saving_by_medians_exact_boundary():
+    v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.0})})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["met"]
+    v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.05})})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["missed"]
+
+
+def test_encoder_cost_against_the_physical_minimum():
+    minimal = T.encoder_minimal_ms(encoder({"none": 1.0}))
+    from rope_kernels.bench.encoder_bench import rope_minimal_ms
+    assert minimal == pytest.approx(rope_minimal_ms(87616, 16, 72, 27, 4000.0))
+    for cost, expected in ((1.1 * minimal, "met"), (1.25 * minimal, "missed"), (0.9 * minimal, "within noise")):
+        tables = {"encoder": encoder({"none": 300.0, "fused": 300.0 + cost})}
+        v = verdicts_of("encoder_cost_1.2x", tables)
+        assert v[v["mode"] == "cudagraph"].verdict.tolist() == [expected]
+
+
+# --- QKV GEMM ---------------------------------------------------------------------------
+def test_qkv_best_of_ours_against_cublas_plus_rope():
+    rows = []
+    for t in (21904, 43808, 87616):
+        for v, us in (("cublas_linear", 100.0), ("cublas_linear+fused_rope", 120.0),
+                      ("qkv_rope_linear", 130.0), ("qkv_rope_linear_angles", 119.0 if t != 87616 else 121.0)):
+            rows.append({"variant": v, "tokens": t, "mode": "cudagraph", "median_us": us})
+    v = verdicts_of("qkv_vs_cublas_fused_rope", {"qkv_gemm": pd.DataFrame(rows)})
+    assert v.verdict.tolist() == ["met", "met", "missed"]
+    assert set(v.ours) == {"qkv_rope_linear_angles"}
+    v = verdicts_of("qkv_vs_quack", {"qkv_gemm": pd.DataFrame(rows)})
+    assert set(v.verdict) == {"not measured"}  # no quack_gemm_rope rows
+    assert set(verdicts_of("qkv_vs_cublas", {}).verdict) == {"not measured"}
+
+
+# --- the table itself ------------------------------------------------------------------
+def test_targets_are_unique_and_well_formed():
+    ids = [t.id for t in TARGETS]
+    assert len(ids) == len(set(ids))
+    with pytest.raises(ValueError, match="kind"):
+        Target("x", "x", "x", "no_such_kind", "microbench", "m", ("fused",), "p", ">=", 1.0)
+    with pytest.raises(ValueError, match="op"):
+        Target("x", "x", "x", "time_ratio", "microbench", "m", ("fused",), "p", "=>", 1.0)
+    with pytest.raises(ValueError, match="threshold"):
+        Target("x", "x", "x", "time_ratio", "microbench", "m", ("fused",), "p", ">=", math.nan)
+    with pytest.raises(TypeError, match="tables"):
+        evaluate([])
+
+
+def test_committed_device_folders_evaluate(tmp_path):
+    """Every committed device folder evaluates (a table renamed by a later run included)."""
+    from rope_kernels.study.devices import REPO_ROOT
+
+    for folder in sorted((REPO_ROOT / "data").iterdir()):
+        if folder.name in ("reference", "compile", "cpu") or not folder.is_dir():
+            continue
+        v = evaluate(T.load_tables(folder))
+        assert set(v.verdict) <= set(T.VERDICTS)
+        assert set(summarize(v).target) == {t.id for t in TARGETS}
+        assert "|" in T.report(folder)
+    with pytest.raises(ValueError, match="no result folder"):
+        T.load_tables(tmp_path / "absent")
+
+
+def test_cli_prints_the_table_and_refuses_an_unknown_folder(tmp_path, capsys):
+    from rope_kernels.__main__ import main
+
+    dev = tmp_path / "gpu-x"
+    dev.mkdir()
+    micro({"fused": 40.0, "fused_inplace": 52.63, "vllm_packed_qk": 100.0}, in_place=PLACE).to_csv(
+        dev / "microbench.csv", index=False)
+    assert main(["targets", "--data-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Targets judged on gpu-x" in out and "| vllm_2x_16_heads |" in out and "not measured" in out
+    assert main(["targets", "--data-root", str(tmp_path), "--device", "absent"]) == 2
+    assert "no result folder" in capsys.readouterr().err
