@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -61,6 +62,46 @@ class SubmitError(RuntimeError):
     """sbatch/squeue failed, or a submission's state does not allow the request."""
 
 
+# What may go into the job scripts. Values on '#SBATCH' lines are split by sbatch at
+# whitespace (so 'a --output=/x' would be a second option) and a newline starts a new
+# script line: both are refused, with quotes and shell syntax. Names become file names
+# under slurm/<name>/: no '/' and no leading '.', so nothing lands outside it.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:+,=@%/&|!*()\[\]-]+")
+_SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.:+,=@%/&|!*()\[\]-]+)?")
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and no limit).
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_name(option: str, value: str) -> str:
+    """A partition, job or submission name: letters, digits, '_', '.', '+', '-', not
+    starting with '.' or '-' (it becomes a file or folder name)."""
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value):
+        raise ParameterError(f"{option} {value!r}: use letters, digits, '_', '.', '+' or '-', "
+                             "starting with a letter or digit")
+    return value
+
+
+def check_time(option: str, value: str) -> str:
+    if not isinstance(value, str) or not _SLURM_TIME.fullmatch(value):
+        raise ParameterError(f"{option} {value!r} is not a Slurm time (MINUTES, MM:SS, "
+                             "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+    return value
+
+
+def _check_sbatch_value(option: str, value: str) -> None:
+    if value and not _SBATCH_VALUE.fullmatch(value):
+        raise ParameterError(f"{option} {value!r}: a #SBATCH value may not hold spaces, "
+                             "newlines, quotes or shell syntax")
+
+
+def _check_one_line(option: str, value: str) -> None:
+    if _CONTROL.search(value):
+        raise ParameterError(f"{option} {value!r}: newlines and control characters are not "
+                             "allowed (each value is one line of the job script)")
+
+
 @dataclass(frozen=True)
 class Partition:
     """A Slurm partition and the device profile its GPUs run (params/<kind>.yaml)."""
@@ -76,10 +117,15 @@ class Partition:
         kind, _, gpu_type = (rest or default_kind).partition(":")
         if not name or any(c.isspace() or c in ",:" for c in name):
             raise ParameterError(f"--partition {text!r}: expected NAME[=KIND[:GPU_TYPE]]")
-        if kind not in DEVICE_KINDS:
-            raise ParameterError(f"--partition {text!r}: device kind must be one of "
-                                 f"{', '.join(DEVICE_KINDS)}, got {kind!r}")
         return cls(name, kind, gpu_type)
+
+    def __post_init__(self):
+        check_name("--partition", self.name)
+        if self.kind not in DEVICE_KINDS:
+            raise ParameterError(f"--partition {self.name}={self.kind}: device kind must be "
+                                 f"one of {', '.join(DEVICE_KINDS)}, got {self.kind!r}")
+        if self.gpu_type:
+            check_name(f"--partition {self.name}: GPU type", self.gpu_type)
 
 
 @dataclass(frozen=True)
@@ -109,8 +155,30 @@ class SlurmOptions:
             raise ParameterError("name at least one --partition")
         if len({p.name for p in self.partitions}) != len(self.partitions):
             raise ParameterError("a partition is named twice")
+        if any(p.name == "summary" for p in self.partitions):
+            raise ParameterError("--partition summary: its script would be the summary job's "
+                                 "(summary.sbatch); Slurm partitions of that name are not "
+                                 "supported")
         if self.gpus_per_task < 0 or self.cpus_per_task < 1 or self.max_running < 0:
             raise ParameterError("--gpus-per-task >= 0, --cpus-per-task >= 1, --max-running >= 0")
+        check_time("--time", self.time_limit)
+        check_time("summary time limit", self.summary_time_limit)
+        check_name("--job-name", self.job_name)
+        if self.summary_partition:
+            check_name("--summary-partition", self.summary_partition)
+        for option, value in (("--account", self.account), ("--constraint", self.constraint),
+                              ("--mem", self.mem)):
+            _check_sbatch_value(option, value)
+        for line in self.sbatch_lines:
+            if not _SBATCH_OPTION.fullmatch(line):
+                raise ParameterError(f"--sbatch {line!r}: expected one option such as "
+                                     "--qos=short (no spaces, newlines, quotes or shell syntax)")
+        # Quoted into the script (shlex.quote): any text but a line break is safe there.
+        for option, values in (("--venv", [self.venv]), ("--conda-env", [self.conda_env]),
+                               ("--module", self.modules), ("--python", [self.python]),
+                               ("--setup", self.setup_lines)):
+            for value in values:
+                _check_one_line(option, value)
 
     @property
     def interpreter(self) -> str:
@@ -264,7 +332,25 @@ def load_manifest(state: Path) -> dict:
     path = _manifest_path(state)
     if not path.exists():
         raise SubmitError(f"{state} is not a submission (no manifest.json)")
-    return json.loads(path.read_text())
+    manifest = _read_json(path, "manifest")
+    shards = manifest.get("shards") if isinstance(manifest, dict) else None
+    fields = {"index": int, "partition": str, "notebook": str, "label": str, "output": str,
+              "rows_filter": dict}
+    if (not isinstance(shards, list) or not isinstance(manifest.get("name"), str)
+            or not isinstance(manifest.get("submissions", []), list)
+            or not all(isinstance(s, dict) and all(isinstance(s.get(k), t)
+                                                   for k, t in fields.items()) for s in shards)):
+        raise SubmitError(f"{path}: not a submission manifest (its name, shards or "
+                          "submissions are missing or malformed)")
+    return manifest
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SubmitError(f"{path}: unreadable {what} ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def _save_manifest(state: Path, manifest: dict) -> None:
@@ -335,7 +421,7 @@ def shard_status(state: Path, root: Path = REPO_ROOT) -> pd.DataFrame:
     rows = []
     for shard in manifest["shards"]:
         path = _marker(state, shard["index"])
-        marker = json.loads(path.read_text()) if path.exists() else None
+        marker = _read_marker(path, shard["index"]) if path.exists() else None
         row = {k: shard[k] for k in ("index", "partition", "notebook", "label")}
         row.update(device="", job="", host="", seconds=float("nan"), rc=float("nan"), rows=0)
         if marker is None:
@@ -356,6 +442,16 @@ def shard_status(state: Path, root: Path = REPO_ROOT) -> pd.DataFrame:
                     row["status"] = "ok"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _read_marker(path: Path, index: int) -> dict:
+    marker = _read_json(path, f"task marker of shard {index} (delete it to count the shard as "
+                              "not run)")
+    if not isinstance(marker, dict) or not isinstance(marker.get("started"), (int, float)) \
+            or ("ended" in marker and not isinstance(marker.get("rc"), int)):
+        raise SubmitError(f"{path}: not a task marker of shard {index} (delete it to count the "
+                          "shard as not run)")
+    return marker
 
 
 def missing_shards(status: pd.DataFrame) -> pd.DataFrame:
@@ -413,32 +509,61 @@ def finish(state: Path, root: Path = REPO_ROOT, log=print) -> pd.DataFrame:
 
 # --- submission ----------------------------------------------------------------------
 
-def _sbatch(args: Sequence[str]) -> str:
+def _slurm_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run a Slurm client; a missing or hanging one is a one-line SubmitError."""
     try:
-        proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError:
-        raise SubmitError("sbatch not found: run submit on a Slurm login node") from None
+        raise SubmitError(f"{argv[0]} not found: run submit on a Slurm login node (or put "
+                          "Slurm's commands on PATH)") from None
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"{argv[0]} did not answer within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise SubmitError(f"{argv[0]} could not run: {exc}") from None
+
+
+def _sbatch(args: Sequence[str]) -> str:
+    proc = _slurm_command(["sbatch", "--parsable", *args], 120)
     if proc.returncode != 0:
-        raise SubmitError(f"sbatch {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip().split(";")[0]
+        raise SubmitError(f"sbatch {' '.join(args)} failed: "
+                          f"{' '.join(proc.stderr.split()) or f'exit {proc.returncode}'}")
+    job = proc.stdout.strip().split(";")[0]
+    if not re.fullmatch(r"\d+", job):
+        raise SubmitError(f"sbatch {' '.join(args)} printed {proc.stdout.strip()!r}, not a job id")
+    return job
 
 
-def _submit_jobs(manifest: dict, state: Path, indices: Sequence[int], opts: SlurmOptions) -> dict:
-    """sbatch each partition's array for ``indices``, then the summary job after them."""
+def _submit_jobs(manifest: dict, state: Path, indices: Sequence[int], opts: SlurmOptions,
+                 after: Sequence[str] = ()) -> dict:
+    """sbatch each partition's array for ``indices``, then the summary job after them
+    (and after ``after``: earlier jobs still in the queue). Each job is written to the
+    manifest as soon as sbatch accepts it: when a later sbatch fails, the jobs already
+    queued are on record (``--missing`` then leaves them be)."""
     by_partition: dict[str, list[int]] = {}
     for shard in manifest["shards"]:
         if shard["index"] in indices:
             by_partition.setdefault(shard["partition"], []).append(shard["index"])
-    jobs = {}
-    for name, idx in by_partition.items():
-        spec = _array_spec(idx) + (f"%{opts.max_running}" if opts.max_running else "")
-        jobs[name] = _sbatch([f"--array={spec}", str(state / f"{name}.sbatch")])
-    summary = _sbatch([f"--dependency=afterany:{':'.join(jobs.values())}",
-                       str(state / "summary.sbatch")])
-    record = {"jobs": jobs, "summary_job": summary, "indices": sorted(indices),
+    record = {"jobs": {}, "indices": [], "partition_indices": {},
               "submitted": _dt.datetime.now().isoformat(timespec="seconds")}
     manifest.setdefault("submissions", []).append(record)
+    for name, idx in by_partition.items():
+        spec = _array_spec(idx) + (f"%{opts.max_running}" if opts.max_running else "")
+        try:
+            record["jobs"][name] = _sbatch([f"--array={spec}", str(state / f"{name}.sbatch")])
+        except SubmitError as exc:
+            queued = ", ".join(f"{p} {j}" for p, j in record["jobs"].items())
+            raise SubmitError(f"{exc} ({'queued and recorded: ' + queued + '; ' if queued else ''}"
+                              f"`submit --missing --state {state}` submits the rest)") from None
+        record["partition_indices"][name] = sorted(idx)
+        record["indices"] = sorted(record["indices"] + idx)
+        _save_manifest(state, manifest)
+    try:
+        summary = _sbatch([f"--dependency=afterany:{':'.join([*record['jobs'].values(), *after])}",
+                           str(state / "summary.sbatch")])
+    except SubmitError as exc:
+        raise SubmitError(f"{exc} (the arrays are queued and recorded; once they end, "
+                          f"`submit --state {state} --finish` writes the summary)") from None
+    record["summary_job"] = summary
     _save_manifest(state, manifest)
     return record
 
@@ -452,9 +577,9 @@ def submit(opts: SlurmOptions, *, only: Sequence[str] | None = None,
     from rope_kernels.study.devices import git_commit
 
     root = Path(root)
+    name = check_name("--name", name or time.strftime("%Y%m%d-%H%M%S"))
     shards = plan_shards(opts.partitions, only=only, params_file=params_file,
                          overrides=overrides, root=root)
-    name = name or time.strftime("%Y%m%d-%H%M%S")
     state = root / STATE_DIR / name
     if _manifest_path(state).exists():
         raise SubmitError(f"submission {name!r} exists ({state}); pick another --name")
@@ -481,45 +606,76 @@ def submit(opts: SlurmOptions, *, only: Sequence[str] | None = None,
 
 
 def _options_from_manifest(manifest: dict) -> SlurmOptions:
-    raw = dict(manifest["options"])
-    raw["partitions"] = tuple(Partition(**p) for p in raw["partitions"])
-    for key in ("sbatch_lines", "modules", "setup_lines"):
-        raw[key] = tuple(raw[key])
-    return SlurmOptions(**raw)
+    try:
+        raw = dict(manifest["options"])
+        raw["partitions"] = tuple(Partition(**p) for p in raw["partitions"])
+        for key in ("sbatch_lines", "modules", "setup_lines"):
+            raw[key] = tuple(raw[key])
+        return SlurmOptions(**raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SubmitError(f"the manifest of {manifest.get('name')!r} holds unusable Slurm "
+                          f"options ({type(exc).__name__}: {exc})") from None
 
 
 def _active_jobs(job_ids: Sequence[str]) -> list[str]:
+    """'JOBID STATE' of each of ``job_ids`` still in the queue, one line per array task
+    ('123_4 RUNNING', '123_5 PENDING')."""
     if not job_ids:
         return []
-    proc = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)],
-                          capture_output=True, text=True, timeout=60)
+    proc = _slurm_command(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(job_ids)], 60)
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
-        raise SubmitError(f"squeue failed: {proc.stderr.strip()}")
-    return [line for line in proc.stdout.splitlines() if line.strip()]
+        raise SubmitError(f"squeue failed: {' '.join(proc.stderr.split())}")
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _queued_shards(manifest: dict, active: Sequence[str]) -> set[int]:
+    """Shard indices whose array task is still pending or running (array task id =
+    shard index). A whole array job listed without a task id counts every shard of it."""
+    jobs = {}
+    for sub in manifest.get("submissions", []):
+        for partition, job in sub.get("jobs", {}).items():
+            indices = sub.get("partition_indices", {}).get(partition)
+            if indices is None:  # a record from before partition_indices: its partition's
+                indices = [s["index"] for s in manifest["shards"]
+                           if s["index"] in sub.get("indices", []) and s["partition"] == partition]
+            jobs[str(job)] = set(indices)
+    queued = set()
+    for line in active:
+        job, _, task = line.split()[0].partition("_")
+        if job in jobs:
+            queued |= {int(task)} if task.isdigit() else jobs[job]
+    return queued
 
 
 def resubmit_missing(state: Path, root: Path = REPO_ROOT, *, dry_run: bool = False,
                      log=print) -> list[int]:
-    """sbatch again only the shards of ``state`` that are not ok; returns their indices."""
+    """sbatch again only the shards of ``state`` that are not ok and not still in the
+    queue (squeue is asked first); returns their indices."""
     manifest = load_manifest(state)
-    job_ids = [j for s in manifest.get("submissions", []) for j in
-               [*s["jobs"].values(), s.get("summary_job", "")] if j]
-    active = _active_jobs(job_ids)
-    if active:
-        raise SubmitError(f"{state.name} still has jobs in the queue ({'; '.join(active)}): "
-                          "wait for them or scancel them first")
+    submissions = manifest.get("submissions", [])
+    arrays = [str(j) for s in submissions for j in s.get("jobs", {}).values() if j]
+    summaries = [str(s["summary_job"]) for s in submissions if s.get("summary_job")]
+    active = _active_jobs(arrays + summaries)
+    queued = _queued_shards(manifest, active)
     missing = missing_shards(shard_status(state, root))
+    waiting = missing[missing["index"].isin(queued)]
+    missing = missing[~missing["index"].isin(queued)]
+    if len(waiting):
+        log(f"{state.name}: {len(waiting)} shard(s) still queued or running, left alone: "
+            f"{', '.join(waiting['label'])}")
     indices = [int(i) for i in missing["index"]]
     if not indices:
-        log(f"{state.name}: no shard missing")
+        log(f"{state.name}: no shard missing" + (" that is not in the queue" if len(waiting)
+                                                  else ""))
         return []
     log(f"{state.name}: re-submitting {len(indices)} shard(s): {', '.join(missing['label'])}")
     if dry_run:
         return indices
     for i in indices:
         _marker(state, i).unlink(missing_ok=True)
+    still_running = sorted({line.split()[0].partition("_")[0] for line in active} & set(arrays))
     with file_lock(_manifest_path(state)):
         record = _submit_jobs(load_manifest(state), state, indices,
-                              _options_from_manifest(manifest))
+                              _options_from_manifest(manifest), after=still_running)
     log(f"submitted as {record['jobs']}, summary job {record['summary_job']}")
     return indices
