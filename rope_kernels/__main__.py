@@ -9,17 +9,32 @@ from pathlib import Path
 
 
 def _wheelhouse(args) -> int:
+    import subprocess
+
     from rope_kernels.study.wheelhouse import build_wheelhouse
 
-    wheels = build_wheelhouse(Path(args.out), args.python, args.platform, peers=not args.no_peers)
+    try:
+        wheels = build_wheelhouse(Path(args.out), args.python, args.platform,
+                                  peers=not args.no_peers)
+    except subprocess.CalledProcessError as exc:
+        print(f"rope-study: error: pip download failed (exit {exc.returncode}; its output is "
+              "above)", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
     print(f"{len(wheels)} wheels in {args.out}")
     print(f"on the offline node: pip install --no-index --find-links {args.out} "
           "papermill nbclient ipykernel nbconvert nbval")
     if not args.no_peers:
-        from rope_kernels.peers.cache import fetch_all, peers_dir
+        from rope_kernels.peers.cache import PeerCacheError, fetch_all, peers_dir
 
-        for line in fetch_all():
-            print(line)
+        try:
+            for line in fetch_all():
+                print(line)
+        except (PeerCacheError, OSError, subprocess.CalledProcessError) as exc:
+            print(f"rope-study: error: peer files: {exc}", file=sys.stderr)
+            return 2
         print(f"peer files in {peers_dir()} (a few KB, git-ignored): copy them to the node too")
     return 0
 
@@ -52,7 +67,8 @@ def _run(args) -> int:
     try:
         run_study(device=args.device, params_file=args.params, overrides=args.param or (),
                   only=args.only, keep_inputs=args.keep_inputs, verbose=args.verbose)
-    except (ParameterError, NotebookError, ResultFileError, TimeoutError, RuntimeError) as exc:
+    except (ParameterError, NotebookError, ResultFileError, TimeoutError, RuntimeError,
+            OSError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -61,8 +77,13 @@ def _run(args) -> int:
 def _index(args) -> int:
     from rope_kernels.study.devices import REPO_ROOT
     from rope_kernels.study.reports import build_index
+    from rope_kernels.study.results import ResultFileError
 
-    print(build_index(REPO_ROOT))
+    try:
+        print(build_index(REPO_ROOT))
+    except (ResultFileError, OSError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

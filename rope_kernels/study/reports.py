@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
@@ -100,6 +101,16 @@ h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
 """
 
 
+def relative_href(rel: Path) -> str:
+    """A link to ``rel`` (a path below the page's folder) that can only be that file:
+    every segment percent-encoded and a leading './', so a folder named like a URL
+    scheme ('javascript:...') or with quotes stays a relative path."""
+    segments = Path(rel).parts
+    if not segments or any(s in ("", ".", "..") for s in segments) or Path(rel).is_absolute():
+        raise ValueError(f"{rel}: not a path below the index's folder")
+    return "./" + "/".join(urllib.parse.quote(s, safe="") for s in segments)
+
+
 def build_index(root: Path, device_folders: str = "committed") -> Path:
     """reports/index.html: every device's reports and a one-row-per-device summary.
 
@@ -134,8 +145,8 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
             continue
         parts.append(f"<h3>{html.escape(dev.name)}</h3><ul>")
         for page in pages:
-            rel = page.relative_to(reports).as_posix()
-            parts.append(f"<li><a href='{html.escape(rel)}'>{html.escape(page.stem)}</a></li>")
+            href = relative_href(page.relative_to(reports))
+            parts.append(f"<li><a href='{html.escape(href)}'>{html.escape(page.stem)}</a></li>")
         parts.append("</ul>")
     parts.append("</body></html>")
     out = reports / "index.html"

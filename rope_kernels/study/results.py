@@ -136,6 +136,20 @@ def run_lock(path: Path, timeout_s: float = 600.0, *, when_alone=None):
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+def check_writable_folder(folder: Path) -> None:
+    """Make ``folder`` if needed and prove a file can be created in it; else a one-line
+    ``ResultFileError`` (before a run spends time on results it cannot keep)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ResultFileError(f"cannot write to {folder}: {exc.strerror or exc}; nothing was "
+                              "run (make the folder writable, or run from a checkout you "
+                              "own)") from None
+
+
 def check_replaceable(path: Path) -> None:
     """Refuse to replace what a rename would silently break: a symbolic link (the
     rename would put a regular file in its place and leave the target with the old

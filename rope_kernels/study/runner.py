@@ -363,12 +363,15 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     report_dir = root / "reports" / slug
     written = []
     from rope_kernels.study.reports import build_index, notebook_to_html
-    from rope_kernels.study.results import run_lock, sweep_temp_files
+    from rope_kernels.study.results import check_writable_folder, run_lock, sweep_temp_files
+
+    for folder in (data_dir, report_dir):
+        check_writable_folder(folder)  # before any notebook runs, one line if not
 
     # Runs may share a device folder (job-array tasks; result files lock per write).
     # Only a run that finds no other sweeps what killed runs left behind.
     def sweep():
-        for folder in (data_dir, report_dir):
+        for folder in (data_dir, report_dir, report_dir / "traces"):
             sweep_temp_files(folder)
 
     with run_lock(report_dir / ".run", when_alone=sweep):

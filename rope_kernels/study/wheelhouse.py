@@ -18,6 +18,7 @@ repository.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,19 @@ def platform_tags(platform: str) -> list[str]:
     return tags
 
 
+def check_target(python: str, platform: str) -> None:
+    """The node's Python (3.N) and wheel platform tag, as pip's --python-version and
+    --platform take them; a ``ValueError`` naming the option otherwise."""
+    if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
+        raise ValueError(f"--python must look like 3.12, got {python!r}")
+    if not isinstance(platform, str) or not re.fullmatch(r"[a-z0-9]+(_[A-Za-z0-9]+)+", platform):
+        raise ValueError(f"--platform must be a wheel platform tag such as "
+                         f"manylinux_2_28_x86_64, got {platform!r}")
+
+
 def pip_download_command(out: Path, python: str, platform: str, packages: list[str],
                          *, no_deps: bool = False) -> list[str]:
-    if not re.fullmatch(r"3\.\d+", python):
-        raise ValueError(f"--python must look like 3.12, got {python!r}")
+    check_target(python, platform)
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(out),
            "--python-version", python, "--implementation", "cp"]
     for tag in platform_tags(platform) + ["any"]:
@@ -55,11 +65,22 @@ def pip_download_command(out: Path, python: str, platform: str, packages: list[s
 
 def build_wheelhouse(out: Path, python: str = "3.12", platform: str = "manylinux_2_28_x86_64",
                      *, peers: bool = True) -> list[Path]:
-    """Download the toolchain wheels into ``out``; returns the wheel files."""
+    """Download the toolchain wheels into ``out``; returns the wheel files. The
+    arguments are checked before anything is made, and a folder this call made is
+    removed again when a download fails (a folder that existed is left as it was)."""
+    check_target(python, platform)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(pip_download_command(out, python, platform, TOOLCHAIN), check=True)
-    if peers:
-        subprocess.run(pip_download_command(out, python, platform, NO_DEPS, no_deps=True),
-                       check=True)
+    try:
+        subprocess.run(pip_download_command(out, python, platform, TOOLCHAIN), check=True)
+        if peers:
+            subprocess.run(pip_download_command(out, python, platform, NO_DEPS, no_deps=True),
+                           check=True)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return sorted(out.glob("*.whl"))
