@@ -243,6 +243,27 @@ def test_a_symlinked_results_file_is_refused(tmp_path):
     assert link.is_symlink() and target.read_bytes() == before
 
 
+def test_a_hard_linked_results_file_is_refused(tmp_path):
+    path = tmp_path / "microbench.csv"
+    before = _write_good(path)
+    os.link(path, tmp_path / "backup.csv")
+    with pytest.raises(results.ResultFileError, match="2 hard links"):
+        upsert_csv(path, [row(tokens=999)])
+    assert (tmp_path / "backup.csv").read_bytes() == before == path.read_bytes()
+
+
+def test_literal_nan_and_inf_in_a_float_column_are_read(tmp_path):
+    """Another writer's 'NaN'/'inf' are floats (a checked file never crashes the merge)."""
+    path = tmp_path / "microbench.csv"
+    _write_good(path, 3)
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace(",0.0", ",NaN")
+    lines[2] = lines[2].replace(",1.0", ",inf")
+    path.write_text("\n".join(lines) + "\n")
+    merged = upsert_csv(path, [row(tokens=999)])
+    assert merged["median_us"].isna().sum() == 1 and (merged["median_us"] == float("inf")).sum() == 1
+
+
 def test_a_read_only_results_file_is_refused(tmp_path):
     path = tmp_path / "microbench.csv"
     before = _write_good(path)

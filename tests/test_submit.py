@@ -124,6 +124,9 @@ def test_time_is_checked_in_a_dry_run(capsys):
     err = _one_line_error(capsys, ["submit", "--partition", "h200", "--account", "a\nb",
                                    "--dry-run"])
     assert "--account" in err
+    err = _one_line_error(capsys, ["submit", "--partition", "h200", "--only", "01", "-p",
+                                   "samples=1\necho pwned", "--dry-run"])
+    assert "-p 'samples=1" in err
 
 
 # -- every job on record, the queue asked -----------------------------------------------

@@ -151,9 +151,10 @@ def check_writable_folder(folder: Path) -> None:
 
 
 def check_replaceable(path: Path) -> None:
-    """Refuse to replace what a rename would silently break: a symbolic link (the
-    rename would put a regular file in its place and leave the target with the old
-    content) or a file made read-only (someone protected it)."""
+    """Refuse to replace what a rename would silently break: a symbolic link or a
+    file with other hard links (the rename would put a new file in its place and
+    leave the target, or the other names, with the old content) or a file made
+    read-only (someone protected it)."""
     path = Path(path)
     if path.is_symlink():
         raise ResultFileError(f"{path} is a symbolic link (to {os.readlink(path)}); results "
@@ -165,6 +166,10 @@ def check_replaceable(path: Path) -> None:
         return
     if not stat.S_ISREG(st.st_mode):
         raise ResultFileError(f"{path} is not a regular file; nothing was written")
+    if st.st_nlink > 1:
+        raise ResultFileError(f"{path} has {st.st_nlink} hard links: replacing it would leave "
+                              "the other names with the old content; nothing was written "
+                              "(copy it to a file of its own)")
     if not st.st_mode & 0o222 or not os.access(path, os.W_OK):
         raise ResultFileError(f"{path} is read-only; nothing was written (make it writable "
                               "to replace it)")
@@ -303,14 +308,25 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
                                       f"not {kind} like the rows being written")
     # Text is kept as written ('NA', 'null', 'None' are values, not missing); only an
     # empty numeric or bool field is missing, read into a type that writes back the same.
-    dtypes = {h: _read_dtype(k, c in table.added) for h, c, k in zip(header, columns, kinds)}
-    old = pd.read_csv(io.StringIO(text), dtype=dtypes, keep_default_na=False,
-                      na_values={h: [""] for h, k in zip(header, kinds) if k != "text"})
+    old = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     old.columns = columns
+    for name, kind in zip(columns, kinds):
+        if kind != "text":  # the values were checked above: these conversions cannot fail
+            old[name] = _from_text(old[name], kind, name in table.added)
     for name in added:
         dtype = _read_dtype(_kind(schema[name]), True)
         old[name] = pd.Series([pd.NA if dtype != object else None] * len(old), dtype=dtype)
     return old
+
+
+def _from_text(values: pd.Series, kind: str, may_be_empty: bool) -> pd.Series:
+    """A checked column of CSV text as the type it is written from."""
+    dtype = _read_dtype(kind, may_be_empty)
+    if kind == "float":
+        return values.replace("", "nan").astype(dtype)
+    if kind == "bool":
+        return values.map({"True": True, "False": False, "": pd.NA}).astype(dtype)
+    return values.replace("", None).astype(dtype)
 
 
 def _read_dtype(kind: str, may_be_empty: bool):

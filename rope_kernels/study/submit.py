@@ -578,6 +578,10 @@ def submit(opts: SlurmOptions, *, only: Sequence[str] | None = None,
 
     root = Path(root)
     name = check_name("--name", name or time.strftime("%Y%m%d-%H%M%S"))
+    for text in overrides:  # each becomes one quoted word of a job script line
+        _check_one_line("-p", text)
+    if params_file is not None:
+        _check_one_line("--params", str(params_file))
     shards = plan_shards(opts.partitions, only=only, params_file=params_file,
                          overrides=overrides, root=root)
     state = root / STATE_DIR / name
