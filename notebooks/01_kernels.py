@@ -57,7 +57,7 @@ from rope_kernels.bench.correctness import check_variant
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 from rope_kernels.bench.timing import time_fn
 from rope_kernels.kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config
-from rope_kernels.study.devices import provenance
+from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup, show_source
 from rope_kernels.study.plots import with_units
 
@@ -152,6 +152,7 @@ if data_dir:
     out = correctness.assign(**provenance(kind))
     upsert_csv(Path(data_dir) / "correctness.csv", out,
                ["variant", "dtype", "tokens", "heads", "head_dim", "device_name"])
+    print(data_line(Path(data_dir) / "correctness.csv"))  # what this report wrote; tests compare it with the CSV
 
 
 # %% [markdown]

@@ -59,7 +59,7 @@ from rope_kernels import VARIANTS
 from rope_kernels.bench.microbench import run_microbench
 from rope_kernels.bench.timing import copy_bandwidth_gbps
 from rope_kernels.study import plots
-from rope_kernels.study.devices import provenance
+from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import pr_comparison
@@ -92,6 +92,7 @@ bench = run_microbench(names, families, dtypes, modes, device=dev, copy_gbps=cop
 if data_dir:
     from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "microbench.csv", bench, MICROBENCH_KEY)
+    print(data_line(Path(data_dir) / "microbench.csv"))  # what this report wrote; tests compare it with the CSV
 with_units(bench[["variant", "tokens", "heads", "head_dim", "dtype", "mode", "median_us", "p20_us",
                   "p80_us", "pct_of_copy", "speedup_vs_native", "launches", "peak_mem_mb"]]).round(2)
 
@@ -189,6 +190,7 @@ if config_sweep and dev.type == "cuda":
         from rope_kernels.study.results import upsert_csv
         upsert_csv(Path(data_dir) / "fused_configs.csv", sweep,
                    ["tokens", "heads", "head_dim", "dtype", "mode", "block_t", "block_h", "num_warps", "device_name"])
+        print(data_line(Path(data_dir) / "fused_configs.csv"))  # what this report wrote; tests compare it with the CSV
     best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
     chosen = sweep[sweep.is_default]
     display(with_units(best.merge(chosen, on=["tokens", "heads", "head_dim"], suffixes=("_best", "_default"))[
@@ -216,6 +218,7 @@ if qkv_gemm and kind != "cpu":
     if data_dir:
         from rope_kernels.study.results import upsert_csv
         upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv, QKV_KEY)
+        print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
     display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))

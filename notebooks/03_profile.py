@@ -45,7 +45,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rope_kernels.study.devices import provenance
+from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.plots import with_units
 
@@ -99,6 +99,7 @@ if data_dir:
     out = launches.assign(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, layers=layers,
                           **provenance(kind))
     upsert_csv(Path(data_dir) / "launches.csv", out, ["variant", "tokens", "heads", "head_dim", "dtype", "device_name"])
+    print(data_line(Path(data_dir) / "launches.csv"))  # what this report wrote; tests compare it with the CSV
 
 # %% [markdown]
 # ## Device time per kernel

@@ -57,7 +57,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rope_kernels.study.devices import provenance
+from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.plots import with_units
 
@@ -140,6 +140,7 @@ if prefill_tokens_per_s > 0:
 if data_dir:
     from rope_kernels.study.results import TTFT_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "ttft.csv", ttft, TTFT_KEY)
+    print(data_line(Path(data_dir) / "ttft.csv"))  # what this report wrote; tests compare it with the CSV
 ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rope_kernels.study.devices import data_line
 from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import all_devices, load_device_tables
 
@@ -53,6 +54,9 @@ for name in ("microbench.csv", "ttft.csv", "launches.csv", "correctness.csv", "f
             rows=("device_name", "size"), device=("device_name", "first"), torch=("torch_version", "first"),
             triton=("triton_version", "first"), commits=("git_commit", lambda s: ", ".join(sorted(set(s))))
         ).assign(file=name).reset_index())
+for folder in sorted(set(pd.concat(frames)["device_folder"])) if frames else []:
+    for path in sorted((Path(data_root) / folder).glob("*.csv")):
+        print(data_line(path))  # what this report read; tests compare it with the CSVs
 pd.concat(frames, ignore_index=True) if frames else "no device data yet"
 
 # %% [markdown]
