@@ -132,3 +132,20 @@ def test_a_failed_download_removes_the_folder_it_made(tmp_path, monkeypatch, cap
     (out / "mine.txt").write_text("kept")
     assert main(["wheelhouse", "--out", str(out)]) == 2
     assert (out / "mine.txt").exists()  # a folder that existed is left as it was
+
+
+def test_a_symlinked_report_is_refused_before_the_notebook_runs(tmp_path, monkeypatch):
+    import papermill
+
+    def no_run(*a, **kw):
+        raise AssertionError("the notebook must not run")
+
+    monkeypatch.setattr(papermill, "execute_notebook", no_run)
+    target = tmp_path / "elsewhere.ipynb"
+    target.write_text("{}")
+    dest = tmp_path / "reports" / "cpu" / "01_kernels.ipynb"
+    dest.parent.mkdir(parents=True)
+    dest.symlink_to(target)
+    with pytest.raises(ResultFileError, match="symbolic link"):
+        runner.execute_notebook(Path("01_kernels.ipynb"), dest, {}, cwd=tmp_path)
+    assert dest.is_symlink() and target.read_text() == "{}"

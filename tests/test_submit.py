@@ -176,7 +176,8 @@ def _state(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["{not json", '{"name": "t"}', "[]", '{"name": "t", '
-                                    '"shards": [{"index": "0"}]}'])
+                                    '"shards": [{"index": "0"}]}', '{"name": "../../x", '
+                                    '"shards": []}'])
 def test_a_corrupt_manifest_is_one_line(tmp_path, capsys, damage):
     state = _state(tmp_path)
     (state / "manifest.json").write_text(damage)

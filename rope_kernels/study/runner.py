@@ -478,6 +478,9 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
     profiler messages printed outside any cell) is dropped unless ``verbose``."""
     import papermill
 
+    from rope_kernels.study.results import check_replaceable
+
+    check_replaceable(dest)  # a link or read-only report is refused before the run, not after
     dest.parent.mkdir(parents=True, exist_ok=True)
     kernel_sees_repo()
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".ipynb", dir=dest.parent)

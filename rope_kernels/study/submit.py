@@ -342,6 +342,11 @@ def load_manifest(state: Path) -> dict:
                                                    for k, t in fields.items()) for s in shards)):
         raise SubmitError(f"{path}: not a submission manifest (its name, shards or "
                           "submissions are missing or malformed)")
+    # Names become paths (reports/slurm/<name>.html, <partition>.sbatch): as at submission.
+    for what, value in [("name", manifest["name"])] + [("partition", s["partition"])
+                                                        for s in shards]:
+        if not _SAFE_NAME.fullmatch(value):
+            raise SubmitError(f"{path}: {what} {value!r} is not a safe name")
     return manifest
 
 
