@@ -10,6 +10,11 @@ VENV_FLAGS ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.installed
 NBVAL      := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+# The peer cache as one absolute folder for every process started here (nbval's kernels
+# run in notebooks/, where a relative path would name another folder).
+ifneq ($(ROPE_PEERS_DIR),)
+export ROPE_PEERS_DIR := $(abspath $(patsubst ~/%,$(HOME)/%,$(ROPE_PEERS_DIR)))
+endif
 
 .PHONY: study test test-gpu notebooks lab clean-venv
 
