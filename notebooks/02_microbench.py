@@ -43,10 +43,18 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv, qkv_gemm
 #   many published tables are measured; shown beside, never instead of, the cold numbers.
 #
 # Calls rotate over enough input sets to cover twice the L2 cache; warm-up first; the median
-# (and p20/p80) of many samples. q/k are strided views of a packed qkv buffer. The ceiling is
-# a device-to-device copy measured in the same run (bytes read + written): `% of copy` is the
-# minimal traffic (read and write q and k, read fp32 cos/sin once) over time, against it.
-# `copy_same_bytes_us` times a copy of the same bytes the same way: the ceiling at that size.
+# (and p20/p80) of many samples. q/k are strided views of a packed qkv buffer; `in_place` says
+# whether a variant writes into them (compare in place with in place). Two references, both
+# in every row:
+# - the **copy ceiling** (`copy_gbps`): a 2 GiB device-to-device copy measured once per run
+#   (bytes read + written); `pct_of_copy` is the minimal traffic (read and write q and k, read
+#   fp32 cos/sin once) over time, against it;
+# - the **same-bytes copy** (`same_bytes_copy_us`, `rope_kernels/bench/same_bytes_copy.py`): a
+#   Triton SM copy that reads q, k and cos/sin where the call reads them and writes q and k
+#   where the call writes them (fresh outputs, or in place for in-place variants), timed in
+#   the same rounds on the same input sets: the limit at that size. `pct_of_same_bytes_copy`
+#   is its time over the variant's; no variant should exceed 100% beyond noise.
+#
 # On a CPU the timer is the wall clock and the numbers are not GPU predictions.
 
 # %%
@@ -93,8 +101,9 @@ if data_dir:
     from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv
     upsert_csv(Path(data_dir) / "microbench.csv", bench, MICROBENCH_KEY)
     print(data_line(Path(data_dir) / "microbench.csv"))  # what this report wrote; tests compare it with the CSV
-with_units(bench[["variant", "tokens", "heads", "head_dim", "dtype", "mode", "median_us", "p20_us",
-                  "p80_us", "pct_of_copy", "speedup_vs_native", "launches", "peak_mem_mb"]]).round(2)
+with_units(bench[["variant", "in_place", "tokens", "heads", "head_dim", "dtype", "mode", "median_us",
+                  "p20_us", "p80_us", "pct_of_copy", "pct_of_same_bytes_copy", "speedup_vs_native",
+                  "launches", "peak_mem_mb"]]).round(2)
 
 # %% [markdown]
 # What each variant launches and allocates per call (beyond its inputs; NaN on the CPU, where it is not measured):
@@ -124,6 +133,15 @@ plots.kernel_panels(bench, "speedup_vs_native", "speedup over native [x]", hline
 # %%
 # NBVAL_IGNORE_OUTPUT
 plots.kernel_panels(bench, "pct_of_copy", "of device-to-device copy bandwidth [%]", hline=100.0,
+                    dtype=dtypes[0], variants=names);
+
+# %% [markdown]
+# The same traffic against the same-bytes SM copy of each shape (in-place variants against the
+# in-place copy), timed in the same rounds: 100% is as fast as copying those bytes.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+plots.kernel_panels(bench, "pct_of_same_bytes_copy", "of the same-bytes SM copy [%]", hline=100.0,
                     dtype=dtypes[0], variants=names);
 
 # %% [markdown]

@@ -273,3 +273,26 @@ def test_a_read_only_results_file_is_refused(tmp_path):
     with pytest.raises(results.ResultFileError, match="read-only"):
         write_atomic(path, "x\n")
     assert path.read_bytes() == before and path.stat().st_mode & 0o777 == 0o444
+
+
+def test_microbench_files_from_before_in_place_and_the_sm_copy_migrate(tmp_path):
+    """Old microbench rows carry clone() 'same-bytes' timings (superseded: dropped,
+    not renamed into the SM copy's column) and no ``in_place``: they get it from
+    the variants that were in place then, and empty SM-copy columns."""
+    path = tmp_path / "microbench.csv"
+    old = [row(v, copy_same_bytes_us=9.0, pct_of_copy_same_bytes=120.0)
+           for v in ("native", "fused", "fused_inplace", "vllm_packed_qk", "liger")]
+    pd.DataFrame(old).to_csv(path, index=False)
+    new = row("sglang_vision", in_place=False, same_bytes_copy_us=2.0, pct_of_same_bytes_copy=95.0)
+    upsert_csv(path, [new])
+    on_disk = pd.read_csv(path).set_index("variant")
+    assert not {"copy_same_bytes_us", "pct_of_copy_same_bytes"} & set(on_disk.columns)
+    assert on_disk.in_place.to_dict() == {"native": False, "fused": False, "fused_inplace": True,
+                                          "vllm_packed_qk": True, "liger": False,
+                                          "sglang_vision": False}
+    assert on_disk.same_bytes_copy_us.isna().sum() == 5
+    assert on_disk.loc["sglang_vision", "pct_of_same_bytes_copy"] == 95.0
+    upsert_csv(path, [row("fused", in_place=False, same_bytes_copy_us=2.1,
+                          pct_of_same_bytes_copy=90.0)])  # the migrated file reads back
+    assert len(pd.read_csv(path)) == 6
+

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.study.devices import provenance
+from rope_kernels.bench.same_bytes_copy import same_bytes_copy, same_bytes_copy_inplace
 from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
 from rope_kernels.variants import Variant, get_variant
 
@@ -83,21 +84,12 @@ def rope_read_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) 
     return 2 * element * tokens * heads * head_dim + 4 * tokens * head_dim
 
 
-# The same-bytes copy's name among the functions timed in rounds with the variants.
-SAME_BYTES_COPY = "copy_same_bytes"
-
-
-def same_bytes_copy_sets(nbytes: int, device) -> list[tuple]:
-    """Sources for a copy that moves ``nbytes`` (read + write), as many as cold
-    mode rotates over; ``_clone`` writes each call's copy to fresh memory."""
-    device = torch.device(device)
-    n = max(1, nbytes // 2 // 4)
-    count = cold_set_count(4 * n, device, cpu_sets=1)
-    return [(torch.randn(n, device=device),) for _ in range(count)]
-
-
-def _clone(src: torch.Tensor) -> torch.Tensor:
-    return src.clone()
+# The same-bytes copies (``same_bytes_copy``) timed in rounds with the variants:
+# the out-of-place one on the variants' shared input sets, the in-place one on
+# input sets of its own, like every in-place variant. Each variant's row carries
+# the time of the one that moves what it moves (``in_place`` pairs them).
+SAME_BYTES_COPY = "same_bytes_copy"
+SAME_BYTES_COPY_INPLACE = "same_bytes_copy_inplace"
 
 
 def bench_shape(
@@ -113,9 +105,17 @@ def bench_shape(
     rounds: int = 5,
     seed: int = 0,
 ) -> list[dict]:
-    """Time every variant and a copy of the same bytes on one shape, per mode in
+    """Time every variant and the same-bytes copies on one shape, per mode in
     ``rounds`` rounds of seeded shuffled order (``timing.time_rounds``); in-place
-    variants rotate input sets of their own. Returns rows without speedups."""
+    variants (and the in-place copy) rotate input sets of their own. Returns rows
+    without speedups.
+
+    References in every row: ``copy_gbps`` is the device-to-device copy ceiling
+    (``copy_bandwidth_gbps``, a 2 GiB copy) and ``pct_of_copy`` the variant's
+    minimal bytes per second against it; ``same_bytes_copy_us`` is the time of an
+    SM copy moving exactly the bytes this call moves, in place when the variant is
+    (``same_bytes_copy``), timed in the same rounds, and ``pct_of_same_bytes_copy``
+    is that time over the variant's (100: as fast as copying the bytes)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -125,7 +125,11 @@ def bench_shape(
     # the other variants read stay untouched.
     fns = {v.name: (v, make_arg_sets(shape, dtype, device, count) if v.inplace else shared)
            for v in variants}
-    fns[SAME_BYTES_COPY] = (_clone, same_bytes_copy_sets(nbytes, device))
+    if any(not v.inplace for v in variants):
+        fns[SAME_BYTES_COPY] = (same_bytes_copy, shared)
+    if any(v.inplace for v in variants):
+        fns[SAME_BYTES_COPY_INPLACE] = (same_bytes_copy_inplace,
+                                        make_arg_sets(shape, dtype, device, count))
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
     rows = []
     for mode in modes:
@@ -133,9 +137,10 @@ def bench_shape(
         # CPU rounds skip the re-warm: interpreter time, and CPU timings are not results.
         timed = time_rounds(fns, mode=mode, calls_per_sample=calls, samples=samples, rounds=rounds,
                             seed=order_seed, rewarm=1 if device.type == "cuda" else 0)
-        copy_us = timed.timings[SAME_BYTES_COPY].median_us
         for variant in variants:
             t = timed.timings[variant.name]
+            copy_us = timed.timings[SAME_BYTES_COPY_INPLACE if variant.inplace
+                                    else SAME_BYTES_COPY].median_us
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
@@ -146,8 +151,8 @@ def bench_shape(
                 "round_positions": timed.positions(variant.name), "order_seed": order_seed,
                 "bytes": nbytes, "gbps": gbps,
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
-                "copy_same_bytes_us": copy_us,
-                "pct_of_copy_same_bytes": 100 * copy_us / t.median_us,
+                "in_place": variant.inplace, "same_bytes_copy_us": copy_us,
+                "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 **variant.peer_columns,
             })
@@ -155,22 +160,6 @@ def bench_shape(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
-
-
-def same_bytes_copy_us(nbytes: int, device, modes: Sequence[str], *, samples: int,
-                       min_calls: int = 20) -> dict[str, float]:
-    """Time of a device-to-device copy that moves the same bytes (read + write)
-    as one RoPE call, timed the same way (rotated sources, a fresh destination
-    per call): the ceiling at this size, where launch and ramp-up costs weigh
-    more than in the large-copy ceiling. ``bench_shape`` times it in the same
-    rounds as the variants."""
-    device = torch.device(device)
-    sets = same_bytes_copy_sets(nbytes, device)
-    calls = max(len(sets), min_calls if device.type == "cuda" else 1)
-    out = {mode: time_fn(_clone, sets, mode=mode, calls_per_sample=calls,
-                         samples=samples).median_us for mode in modes}
-    del sets
-    return out
 
 
 def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -269,7 +258,7 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
         rows.append({"tokens": shape.tokens, "heads": shape.heads, "head_dim": shape.head_dim,
                      "dtype": dtype_name(dtype), "mode": mode, "block_t": cfg.block_t,
                      "block_h": cfg.block_h, "num_warps": cfg.num_warps,
-                     "is_default": cfg == default, "timer": t.timer, "median_us": t.median_us,
+                     "is_default": cfg == default, "in_place": False, "timer": t.timer, "median_us": t.median_us,
                      "p20_us": t.p20_us, "p80_us": t.p80_us, "gbps": gbps,
                      "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps})
     return pd.DataFrame(rows)

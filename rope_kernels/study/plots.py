@@ -57,9 +57,9 @@ REPORT_STYLE = {
 UNITS = {
     "median_us": "median [us]", "p20_us": "p20 [us]", "p80_us": "p80 [us]",
     "median_ms": "median [ms]", "p20_ms": "p20 [ms]", "p80_ms": "p80 [ms]",
-    "pct_of_copy": "of copy bandwidth [%]", "pct_of_copy_same_bytes": "of same-bytes copy [%]",
+    "pct_of_copy": "of copy bandwidth [%]", "pct_of_same_bytes_copy": "of same-bytes SM copy [%]",
     "gbps": "bandwidth [GB/s]", "copy_gbps": "copy ceiling [GB/s]",
-    "copy_same_bytes_us": "same-bytes copy [us]", "speedup_vs_native": "speedup vs native [x]",
+    "same_bytes_copy_us": "same-bytes SM copy [us]", "speedup_vs_native": "speedup vs native [x]",
     "peak_mem_mb": "peak memory [MB]", "bytes": "minimal traffic [B]",
     "launches": "launches [per call]", "launches_per_call": "launches [per call]",
     "per_forward": "launches [per forward]", "device_time_us": "device time [us]",
@@ -153,7 +153,7 @@ def spread(df: pd.DataFrame, value: str) -> tuple[np.ndarray, np.ndarray] | None
     for unit in ("us", "ms"):
         if value == f"median_{unit}" and {f"p20_{unit}", f"p80_{unit}"} <= set(df.columns):
             return df[f"p20_{unit}"].to_numpy(float), df[f"p80_{unit}"].to_numpy(float)
-    if value in ("speedup_vs_native", "pct_of_copy", "pct_of_copy_same_bytes", "gbps") and \
+    if value in ("speedup_vs_native", "pct_of_copy", "pct_of_same_bytes_copy", "gbps") and \
             {"median_us", "p20_us", "p80_us"} <= set(df.columns):
         v, med = df[value].to_numpy(float), df["median_us"].to_numpy(float)
         return v * med / df["p80_us"].to_numpy(float), v * med / df["p20_us"].to_numpy(float)

@@ -27,7 +27,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,21 +48,46 @@ class Table:
 
     The columns and their types are those of the rows the code writes; an older
     file is accepted only where it differs by the migrations declared here:
-    ``renamed`` (old header name -> current name) and ``added`` (columns that
-    rows written before they existed lack: those rows get an empty value)."""
+    ``renamed`` (old header name -> current name), ``added`` (columns that
+    rows written before they existed lack: those rows get an empty value, or the
+    value ``derived`` computes from their other columns) and ``dropped``."""
 
     key: tuple[str, ...]
     renamed: dict[str, str] = field(default_factory=dict)
     added: tuple[str, ...] = ()
+    # Added columns whose old values follow from a row's other columns: the
+    # function gets the old rows and returns the column (instead of empty values).
+    derived: dict[str, Callable[[pd.DataFrame], pd.Series]] = field(default_factory=dict)
+    # Columns older files hold that current rows no longer carry, because what they
+    # measured was superseded (not renamed: the new measurement is another thing).
+    # Old rows lose them on the next write.
+    dropped: tuple[str, ...] = ()
 
 
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
+# Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
+# not yet carry ``in_place``: what rows written before the column get.
+_IN_PLACE_BEFORE_COLUMN = frozenset({"fused_inplace", "vllm_packed_qk", "flashinfer", "quack"})
+
+
+def _old_rows_in_place(old: pd.DataFrame) -> pd.Series:
+    return old["variant"].isin(_IN_PLACE_BEFORE_COLUMN)
+
+
 TABLES: dict[str, Table] = {
     "microbench.csv": Table(MICROBENCH_KEY,
-                            added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed")),
+                            added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
+                                                  "in_place", "same_bytes_copy_us",
+                                                  "pct_of_same_bytes_copy"),
+                            derived={"in_place": _old_rows_in_place},
+                            # clone() timings (one cudaMemcpyAsync, alignment-bound):
+                            # superseded by the SM same-bytes copy above.
+                            dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
     "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
-                                "block_h", "num_warps", "device_name")),
+                                "block_h", "num_warps", "device_name"),
+                               added=("in_place",),
+                               derived={"in_place": lambda old: pd.Series(False, index=old.index)}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
                              added=PEER_COLUMNS),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
@@ -282,7 +307,8 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
     if len(set(columns)) != len(columns):
         raise ResultFileError(f"{path}:1: the header repeats a column: {header}")
     added = [c for c in table.added if c in schema and c not in columns]
-    unknown = [c for c in columns if c not in schema]
+    dropped = [c for c in columns if c in table.dropped and c not in schema]
+    unknown = [c for c in columns if c not in schema and c not in dropped]
     lacking = [c for c in schema if c not in columns and c not in added]
     if unknown or lacking:
         raise ResultFileError(
@@ -294,7 +320,7 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
     if not text.endswith("\n"):
         raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
                               "the file was truncated; nothing was written")
-    kinds = [_kind(schema[c]) for c in columns]
+    kinds = [_kind(schema[c]) if c in schema else "text" for c in columns]
     for number, fields in enumerate(lines[1:], start=2):
         if fields == header:
             raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
@@ -313,9 +339,14 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
     for name, kind in zip(columns, kinds):
         if kind != "text":  # the values were checked above: these conversions cannot fail
             old[name] = _from_text(old[name], kind, name in table.added)
+    old = old.drop(columns=dropped)
     for name in added:
+        if name in table.derived:
+            old[name] = table.derived[name](old)
+            continue
         dtype = _read_dtype(_kind(schema[name]), True)
-        old[name] = pd.Series([pd.NA if dtype != object else None] * len(old), dtype=dtype)
+        missing = float("nan") if dtype == "float64" else pd.NA  # float64 holds no pd.NA
+        old[name] = pd.Series([missing] * len(old), dtype=dtype)
     return old
 
 

@@ -1,0 +1,131 @@
+"""The same-bytes copy is a limit only if it copies exactly, reads what a RoPE call
+reads (q, k and every token's cos/sin), writes what it writes, and is timed on the
+variants' own input sets. Tiny shapes, through the interpreter on the CPU."""
+
+import math
+
+import pytest
+import torch
+
+from rope_kernels.bench import microbench
+from rope_kernels.bench.microbench import (SAME_BYTES_COPY, SAME_BYTES_COPY_INPLACE, Shape,
+                                           bench_shape, make_arg_sets)
+from rope_kernels.bench.same_bytes_copy import (launch_same_bytes_copy, same_bytes_copy,
+                                                same_bytes_copy_config, same_bytes_copy_inplace)
+from rope_kernels.kernels.reference import cos_sin_views
+from rope_kernels.variants import Variant
+
+SHAPES = [Shape(5, 2, 8), Shape(7, 3, 72), Shape(3, 1, 6), Shape(9, 4, 72)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def copies_exactly(src: tuple, out: tuple) -> bool:
+    """The checker: every output is its input, bit for bit (NaN payloads, -0.0)."""
+    return all(o.shape == s.shape and torch.equal(bits(o), bits(s)) for s, o in zip(src, out))
+
+
+def awkward_sets(shape, dtype, device):
+    xq, xk, freqs = make_arg_sets(shape, dtype, device, 1)[0]
+    xq[0, 0, 0] = -0.0
+    xk[-1, -1, -1] = float("nan")
+    return xq, xk, freqs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_copies_bit_for_bit_out_of_place_and_in_place(shape, dtype, device):
+    xq, xk, freqs = awkward_sets(shape, dtype, device)
+    before = (xq.clone(), xk.clone())
+    q, k = same_bytes_copy(xq, xk, freqs)
+    assert copies_exactly(before, (q, k))
+    assert q.is_contiguous() and k.is_contiguous()  # like an out-of-place variant's outputs
+    assert q.data_ptr() != xq.data_ptr() and k.data_ptr() != xk.data_ptr()
+    q2, k2 = same_bytes_copy_inplace(xq, xk, freqs)
+    assert q2 is xq and k2 is xk and copies_exactly(before, (xq, xk))
+    v = xq._base.unbind(1)[2]
+    assert not torch.isnan(v).any()  # v, the packed qkv's third slice, untouched
+
+
+def test_wrong_twins_are_caught(device):
+    """A copy that stops a token short fails the bitwise check; a ``never`` equal
+    to a cos or sin value of the last token changes that token's output, so the
+    kernel reads every token's cos and sin (a copy that skipped them would not)."""
+    shape = Shape(9, 4, 72)
+    xq, xk, freqs = make_arg_sets(shape, torch.bfloat16, device, 1)[0]
+    cos, sin = cos_sin_views(freqs)
+
+    def launch(**kw):
+        q_out, k_out = torch.empty_like(xq.contiguous()), torch.empty_like(xk.contiguous())
+        q_out.fill_(0.5), k_out.fill_(0.5)
+        launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, **kw)
+        return q_out, k_out
+
+    assert copies_exactly((xq, xk), launch())
+    assert not copies_exactly((xq, xk), launch(n_tokens=shape.tokens - 1))
+    for table in (cos, sin):
+        q_out, k_out = launch(never=table[-1, -1].item())
+        assert not copies_exactly((xq, xk), (q_out, k_out))
+        assert copies_exactly((xq[:-1], xk[:-1]), (q_out[:-1], k_out[:-1]))
+
+
+def test_config_masks_no_lanes_at_kimis_rows_and_rejects_bad_input():
+    for heads, block_c in ((16, 128), (4, 32), (2, 16)):
+        cfg = same_bytes_copy_config(heads, 72, 2)
+        assert cfg.block_c == block_c and (heads * 72) % cfg.block_c == 0
+        assert cfg.block_t * cfg.block_c * 2 == 2048  # the fused kernel's tile
+    assert same_bytes_copy_config(1, 6, 2).block_c == 8  # narrower than a sector: padded
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="heads"):
+            same_bytes_copy_config(bad, 72, 2)
+
+
+def test_bad_inputs_get_one_line_errors(device):
+    xq, xk, freqs = make_arg_sets(Shape(4, 2, 8), torch.bfloat16, device, 1)[0]
+    with pytest.raises(ValueError, match="row contiguous"):
+        same_bytes_copy(xq.transpose(0, 1).contiguous().transpose(0, 1), xk, freqs)
+    with pytest.raises(TypeError, match="inplace"):
+        same_bytes_copy(xq, xk, freqs, inplace=1)
+    with pytest.raises(TypeError, match="complex64"):
+        same_bytes_copy(xq, xk, freqs.real)
+
+
+def test_bench_shape_times_each_copy_on_the_input_sets_its_variants_read(monkeypatch):
+    """The out-of-place copy reads the shared sets the out-of-place variants read;
+    the in-place copy rotates sets of its own, as every in-place variant does; each
+    row carries the copy that moves what it moves."""
+    seen = {}
+
+    def logged(name, fn):
+        def call(xq, xk, freqs):
+            seen.setdefault(name, set()).add(xq.data_ptr())
+            return fn(xq, xk, freqs)
+        return call
+
+    monkeypatch.setattr(microbench, "same_bytes_copy",
+                        logged(SAME_BYTES_COPY, microbench.same_bytes_copy))
+    monkeypatch.setattr(microbench, "same_bytes_copy_inplace",
+                        logged(SAME_BYTES_COPY_INPLACE, microbench.same_bytes_copy_inplace))
+
+    def oop(xq, xk, freqs):
+        seen.setdefault("oop", set()).add(xq.data_ptr())
+        return xq * 1, xk * 1
+
+    def ip(xq, xk, freqs):
+        seen.setdefault("ip", set()).add(xq.data_ptr())
+        return xq.mul_(1), xk.mul_(1)
+
+    variants = [Variant("oop", oop, 1, 1, "test"), Variant("ip", ip, 1, 1, "test", inplace=True)]
+    rows = bench_shape(variants, Shape(8, 2, 8), torch.bfloat16, ["eager"], device="cpu",
+                       copy_gbps=1.0, samples=2, rounds=2)
+    assert seen[SAME_BYTES_COPY] == seen["oop"]
+    assert not seen[SAME_BYTES_COPY_INPLACE] & (seen["oop"] | seen["ip"])
+    assert {r["variant"]: r["in_place"] for r in rows} == {"oop": False, "ip": True}
+    assert all(math.isfinite(r["pct_of_same_bytes_copy"]) for r in rows)
+    seen.clear()
+    only_oop = bench_shape(variants[:1], Shape(8, 2, 8), torch.bfloat16, ["eager"], device="cpu",
+                           copy_gbps=1.0, samples=1, rounds=1)
+    assert len(only_oop) == 1 and set(seen) == {"oop", SAME_BYTES_COPY}  # no in-place copy
