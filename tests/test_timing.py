@@ -209,6 +209,7 @@ def test_bucket_rounds_follow_the_recorded_shuffled_order(monkeypatch):
     rows = bucket_rows(bucket, "eager", "sdpa_per_image", r, profiled=profiled,
                        peaks=dict.fromkeys(variants, 5.0), copy_gbps=100.0, layers=2, encoder="small")
     assert [row["variant"] for row in rows] == variants
+    assert [row["in_place"] for row in rows] == [False, False, True, False]  # the registry's
     for row in rows:
         assert row["round_positions"] == r.positions(row["variant"]) and row["order_seed"] == "7/b"
         per_round = [float(x) for x in row["round_ms"].split(";")]

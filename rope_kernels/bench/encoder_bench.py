@@ -22,7 +22,7 @@ from rope_kernels.bench.microbench import minimal_bytes
 from rope_kernels.bench.timing import (Timing, median_p20_p80, round_positions, shuffled_orders,
                                        summarize)
 from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
-from rope_kernels.variants import peer_columns, rope_triton_kernels
+from rope_kernels.variants import VARIANTS, peer_columns, rope_triton_kernels
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,13 @@ def paired_gain_pct(times: dict[str, list[float]], variant: str, against: str) -
     return median_p20_p80([100 * (a - v) / a for v, a in zip(times[variant], times[against])])
 
 
+def rope_in_place(rope: str) -> bool:
+    """Whether the encoder's RoPE ``rope`` writes into the packed qkv (the registry's
+    ``Variant.inplace``); False for ``none`` (no RoPE) and ``gemm_epilogue`` (q and k
+    rotated as the QKV GEMM writes them: no separate call)."""
+    return VARIANTS[rope].inplace if rope in VARIANTS else False
+
+
 def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds, *,
                 profiled: dict[str, tuple[float, float]], peaks: dict[str, float],
                 copy_gbps: float, **fields) -> list[dict]:
@@ -191,7 +198,8 @@ def bucket_rows(bucket: Bucket, mode: str, attention: str, rounds: BucketRounds,
     for v, ts in rounds.times.items():
         t = summarize(ts, rounds.timer, 1)
         rope_ms, all_ms = profiled[v]
-        rows.append({"variant": v, "resolution": bucket.resolution, "images": bucket.images,
+        rows.append({"variant": v, "in_place": rope_in_place(v), "resolution": bucket.resolution,
+                     "images": bucket.images,
                      "vit_tokens": bucket.vit_tokens, "llm_tokens": bucket.llm_tokens, "mode": mode,
                      "attention_kernel": attention, "timer": t.timer, "median_ms": t.median_us / 1e3,
                      "p20_ms": t.p20_us / 1e3, "p80_ms": t.p80_us / 1e3, "samples": t.samples,
@@ -300,4 +308,4 @@ def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
 
 __all__ = ["Bucket", "BucketRounds", "bucket_rounds", "bucket_rows", "bucket_samples",
            "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree", "paired_stats",
-           "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]
+           "rope_in_place", "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]

@@ -96,7 +96,9 @@ TABLES: dict[str, Table] = {
                       renamed={"rope_share": "profiled_rope_share",
                                "rope_device_ms": "profiled_rope_device_ms",
                                "peak_mem_mb": "profiled_peak_mem_mb"},
-                      added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms")),
+                      added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms",
+                                            "in_place"),
+                      derived={"in_place": _old_rows_in_place}),
 }
 
 
