@@ -134,7 +134,6 @@ errors = ["max_abs_err", "native_max_abs_err", "tolerance", "rel_err"]
 with_units(shown).style.format({header: "{:.1e}" for header in with_units(shown[errors]).columns}).hide(
     axis="index")
 
-# %%
 # %% [markdown]
 # Per variant and dtype: `pass`, `FAIL`, or `n/a` where the implementation does not take
 # those inputs (its row above says why; such rows are recorded, not run).
@@ -150,8 +149,7 @@ assert ran.passed.all(), ran[~ran.passed]
 if data_dir:
     from rope_kernels.study.results import upsert_csv
     out = correctness.assign(**provenance(kind))
-    upsert_csv(Path(data_dir) / "correctness.csv", out,
-               ["variant", "dtype", "tokens", "heads", "head_dim", "device_name"])
+    upsert_csv(Path(data_dir) / "correctness.csv", out)  # key: specs.RESULT_FILES
     print(data_line(Path(data_dir) / "correctness.csv"))  # what this report wrote; tests compare it with the CSV
 
 

@@ -98,8 +98,8 @@ print(f"device-to-device copy ceiling: {copy_gbps:.0f} GB/s (bytes read + writte
 bench = run_microbench(names, families, dtypes, modes, device=dev, copy_gbps=copy_gbps,
                        samples=samples, progress=progress)
 if data_dir:
-    from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv
-    upsert_csv(Path(data_dir) / "microbench.csv", bench, MICROBENCH_KEY)
+    from rope_kernels.study.results import upsert_csv
+    upsert_csv(Path(data_dir) / "microbench.csv", bench)  # key: specs.RESULT_FILES
     print(data_line(Path(data_dir) / "microbench.csv"))  # what this report wrote; tests compare it with the CSV
 with_units(bench[["variant", "in_place", "tokens", "heads", "head_dim", "dtype", "mode", "median_us",
                   "p20_us", "p80_us", "pct_of_copy", "pct_of_same_bytes_copy", "speedup_vs_native",
@@ -206,8 +206,7 @@ if config_sweep and dev.type == "cuda":
     sweep = sweep.assign(**provenance(kind))
     if data_dir:
         from rope_kernels.study.results import upsert_csv
-        upsert_csv(Path(data_dir) / "fused_configs.csv", sweep,
-                   ["tokens", "heads", "head_dim", "dtype", "mode", "block_t", "block_h", "num_warps", "device_name"])
+        upsert_csv(Path(data_dir) / "fused_configs.csv", sweep)
         print(data_line(Path(data_dir) / "fused_configs.csv"))  # what this report wrote; tests compare it with the CSV
     best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
     chosen = sweep[sweep.is_default]
@@ -230,12 +229,12 @@ else:
 # %%
 # NBVAL_IGNORE_OUTPUT
 if qkv_gemm and kind != "cpu":
-    from rope_kernels.bench.qkv_bench import QKV_KEY, peak_bf16_tflops, roofline, run_qkv_bench
+    from rope_kernels.bench.qkv_bench import peak_bf16_tflops, roofline, run_qkv_bench
     qkv = run_qkv_bench(qkv_tokens, device=dev, samples=samples,
                         compile_budget_s=qkv_compile_budget_s, progress=progress)
     if data_dir:
         from rope_kernels.study.results import upsert_csv
-        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv, QKV_KEY)
+        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv)
         print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
     display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))

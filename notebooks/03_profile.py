@@ -98,7 +98,7 @@ if data_dir:
     from rope_kernels.study.results import upsert_csv
     out = launches.assign(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, layers=layers,
                           **provenance(kind))
-    upsert_csv(Path(data_dir) / "launches.csv", out, ["variant", "tokens", "heads", "head_dim", "dtype", "device_name"])
+    upsert_csv(Path(data_dir) / "launches.csv", out)  # key: specs.RESULT_FILES
     print(data_line(Path(data_dir) / "launches.csv"))  # what this report wrote; tests compare it with the CSV
 
 # %% [markdown]

@@ -138,8 +138,8 @@ ttft = pd.DataFrame(rows).assign(**provenance(kind))
 if prefill_tokens_per_s > 0:
     ttft["modeled_ttft_ms"] = ttft.median_ms + ttft.llm_tokens / prefill_tokens_per_s * 1e3
 if data_dir:
-    from rope_kernels.study.results import TTFT_KEY, upsert_csv
-    upsert_csv(Path(data_dir) / "ttft.csv", ttft, TTFT_KEY)
+    from rope_kernels.study.results import upsert_csv
+    upsert_csv(Path(data_dir) / "ttft.csv", ttft)  # key: specs.RESULT_FILES
     print(data_line(Path(data_dir) / "ttft.csv"))  # what this report wrote; tests compare it with the CSV
 ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)

@@ -191,22 +191,17 @@ DESCRIPTION = ("Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5): run the no
 
 
 def _run_epilog() -> str:
-    """The notebooks, their parameters with defaults, and where results go."""
-    from rope_kernels.study.devices import REPO_ROOT
-    from rope_kernels.study.runner import NOTEBOOKS, RUNNER_PARAMS, notebook_parameters
+    """The notebooks, their parameters with defaults, and where results go (from the
+    notebook specs: no notebook is read, nothing heavy imported)."""
+    from rope_kernels.study.specs import RUNNER_PARAMS, SPECS
 
     lines = ["notebooks (in this order; --only takes a name or prefix, e.g. 02) and their "
              "parameters with defaults (the small CPU configuration):"]
-    for nb in NOTEBOOKS:
-        try:
-            params = notebook_parameters(REPO_ROOT / "notebooks" / f"{nb}.ipynb")
-        except Exception as exc:  # help must print even when a notebook cannot be read
-            lines.append(f"  {nb}: (parameters unreadable: {exc})")
-            continue
-        lines.append(f"  {nb}")
-        for name, default in params.items():
-            if name not in RUNNER_PARAMS:
-                lines.append(f"      {name} = {default!r}")
+    for nb, spec in SPECS.items():
+        lines.append(f"  {nb}" + (f"  -> data/<device>/{', '.join(spec.writes)}"
+                                  if spec.writes else ""))
+        for name, param in spec.user_parameters.items():
+            lines.append(f"      {name} = {param.default!r}")
     lines += [
         "",
         "values: params/<cpu|cuda|rocm>.yaml for the detected device, then --params FILE, then",

@@ -32,6 +32,7 @@ from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
 from rope_kernels.peers.cache import sha256_file
+from rope_kernels.vocabulary import KNOWN_VARIANTS, OWN_VARIANTS, PEER_VARIANTS  # noqa: F401
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 PackedFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -232,14 +233,9 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
     return {v.name: v for v in variants}, status
 
 
-# Every name the registry can hold, present here or not: our variants, the
-# engines' peers and the optional ones. Parameters are checked against it before
-# anything runs, and tests parametrize over it (an absent peer skips, with why).
-OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
-PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
-                 "flashinfer", "quack")
-KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
-
+# Every name the registry can hold, present here or not, is ``KNOWN_VARIANTS``
+# (vocabulary.py, importable without torch): parameters are checked against it
+# before anything runs, and tests parametrize over it (an absent peer skips, with why).
 _REGISTRY: tuple[dict[str, Variant], list[PeerStatus]] | None = None
 
 

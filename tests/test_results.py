@@ -150,7 +150,7 @@ def test_truncated_last_line_is_an_error(tmp_path):
 
 def test_declared_migrations_keep_old_rows(tmp_path):
     """ttft.csv files from before the ``profiled_`` names and peer columns merge
-    with rows that carry them: declared once in results.TABLES."""
+    with rows that carry them: declared once in specs.RESULT_FILES."""
     path = tmp_path / "ttft.csv"
     old = {"variant": "native", "resolution": "448x448", "images": 1, "mode": "eager",
            "device_name": "NVIDIA H200", "median_ms": 14.5, "rope_share": 0.1, "rope_device_ms": 0.6}
@@ -167,10 +167,10 @@ def test_declared_migrations_keep_old_rows(tmp_path):
 
 def test_key_comes_from_the_one_table_of_schemas(tmp_path):
     path = tmp_path / "microbench.csv"
-    upsert_csv(path, [row()])  # key from results.TABLES
-    with pytest.raises(ValueError, match="differs from results.TABLES"):
+    upsert_csv(path, [row()])  # key from specs.RESULT_FILES
+    with pytest.raises(ValueError, match="differs from specs.RESULT_FILES"):
         upsert_csv(path, [row()], ["variant", "tokens"])
-    with pytest.raises(ValueError, match="not in results.TABLES"):
+    with pytest.raises(ValueError, match="not in specs.RESULT_FILES"):
         upsert_csv(tmp_path / "elsewhere.csv", [row()])
 
 

@@ -10,12 +10,11 @@ import yaml
 from rope_kernels import fused_launch_config
 from rope_kernels.study import devices
 from rope_kernels.__main__ import main
-from rope_kernels.study.runner import (NOTEBOOKS, ParameterError, load_profile, notebook_parameters,
-                                 parse_override, resolve_device, resolve_parameters,
-                                 select_notebooks)
+from rope_kernels.study.runner import (NOTEBOOKS, ParameterError, load_profile, parse_override,
+                                       resolve_device, resolve_parameters, select_notebooks)
+from rope_kernels.study.specs import SPECS
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECS = {nb: notebook_parameters(ROOT / "notebooks" / f"{nb}.ipynb") for nb in NOTEBOOKS}
 
 
 def test_every_notebook_has_its_parameters_cell_first():

@@ -36,7 +36,6 @@ from rope_kernels.study.devices import provenance
 
 QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune",
                 "qkv_rope_linear", "qkv_rope_linear_angles")
-QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 TOKENS = (5476, 21904, 43808, 87616)  # 1, 4, 8, 16 images of 1024 x 1024 (74 x 74 patches)
 
 

@@ -22,19 +22,15 @@ from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
 from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.variants import VARIANTS, peer_status
-
-# Beside the registry's variants, the encoder knows "none": RoPE skipped, the
-# floor, and "gemm_epilogue": q and k rotated inside the QKV projection's epilogue
-# (kernels/qkv_gemm.py), no RoPE step at all.
-ENCODER_ONLY_ROPE = ("none", "gemm_epilogue")
+# "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
+# projection's epilogue, kernels/qkv_gemm.py); how attention runs ("auto": per device)
+from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
 
 
 def rope_variants() -> tuple[str, ...]:
     """Every registered variant and peer that runs here (as the registry calls it on
     a packed qkv), plus ``ENCODER_ONLY_ROPE``. Builds the registry on first call."""
     return (*VARIANTS, *ENCODER_ONLY_ROPE)
-
-ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,20 @@ without materialising the 512 x 512 table.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import torch
 
-MAX_PATCHES_PER_SIDE = 512
-PATCH_SIZE = 14
-MERGE_SIZE = 2  # 2x2 patch merge: image sides are padded to PATCH_SIZE * MERGE_SIZE
-IN_PATCH_LIMIT = 16384  # Kimi scales an image down past this many patches
+# The resize rule and its constants need no torch; they live with the names the
+# notebook specs check parameters against (re-exported here).
+from rope_kernels.vocabulary import (  # noqa: F401
+    IN_PATCH_LIMIT,
+    MAX_PATCHES_PER_SIDE,
+    MERGE_SIZE,
+    PATCH_SIZE,
+    image_patch_grid,
+    parse_resolution,
+)
 
 
 def _as_grids(grid_thw) -> list[tuple[int, int, int]]:
@@ -105,50 +110,3 @@ def vision_freqs_cis(
     y_cis = torch.polar(torch.ones_like(y_angle), y_angle)
     # interleave: pair 2i <- column angle, pair 2i+1 <- row angle
     return torch.stack((x_cis, y_cis), dim=-1).reshape(row.numel(), head_dim // 2)
-
-
-def image_patch_grid(
-    width: int,
-    height: int,
-    *,
-    patch_size: int = PATCH_SIZE,
-    merge_size: int = MERGE_SIZE,
-    in_patch_limit: int = IN_PATCH_LIMIT,
-    max_side: int = MAX_PATCHES_PER_SIDE,
-) -> tuple[int, int, int]:
-    """Kimi's resize rule: image pixels -> (t=1, h, w) patch grid.
-
-    The image is scaled down (never up) so that it holds at most
-    ``in_patch_limit`` patches and ``max_side`` patches a side, then each side is
-    padded up to a multiple of ``patch_size * merge_size`` (28 px).
-    """
-    for name, v in (("width", width), ("height", height)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int number of pixels, got {v!r}")
-        if v <= 0:
-            raise ValueError(f"{name} must be positive, got {v}")
-    scale = min(
-        1.0,
-        math.sqrt(in_patch_limit / ((width / patch_size) * (height / patch_size))),
-        max_side * patch_size / width,
-        max_side * patch_size / height,
-    )
-    factor = patch_size * merge_size
-    new_w = max(1, int(width * scale))
-    new_h = max(1, int(height * scale))
-    grid_w = min(math.ceil(new_w / factor) * merge_size, max_side)
-    grid_h = min(math.ceil(new_h / factor) * merge_size, max_side)
-    return (1, grid_h, grid_w)
-
-
-def parse_resolution(text: str) -> tuple[int, int]:
-    """'1920x1080' -> (1920, 1080)."""
-    if not isinstance(text, str):
-        raise TypeError(f"resolution must be a string like '1024x1024', got {text!r}")
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"resolution must look like '1024x1024', got {text!r}")
-    w, h = (int(p) for p in parts)
-    if w <= 0 or h <= 0:
-        raise ValueError(f"resolution sides must be positive, got {text!r}")
-    return w, h

@@ -13,7 +13,7 @@
   wrong number of fields or a value of the wrong type, a repeated header or a
   truncated last line is a ``ResultFileError`` naming the file and line, and
   nothing is rewritten. A deliberate change of columns is declared once, in
-  ``TABLES`` below (``renamed`` / ``added``), and older files are migrated by it.
+  ``specs.RESULT_FILES`` (``renamed`` / ``added``), and older files are migrated by it.
 """
 
 from __future__ import annotations
@@ -27,79 +27,24 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
-TTFT_KEY = ("variant", "resolution", "images", "mode", "device_name")
-PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
+# Every result file's key and declared migrations live in the notebook specs.
+from rope_kernels.study.specs import (  # noqa: F401
+    MICROBENCH_KEY,
+    PEER_COLUMNS,
+    QKV_KEY,
+    RESULT_FILES as TABLES,
+    TTFT_KEY,
+    Table,
+)
 
 
 class ResultFileError(ValueError):
     """A result file that cannot be merged safely; nothing was written."""
-
-
-@dataclass(frozen=True)
-class Table:
-    """A result file's key and its declared column migrations.
-
-    The columns and their types are those of the rows the code writes; an older
-    file is accepted only where it differs by the migrations declared here:
-    ``renamed`` (old header name -> current name), ``added`` (columns that
-    rows written before they existed lack: those rows get an empty value, or the
-    value ``derived`` computes from their other columns) and ``dropped``."""
-
-    key: tuple[str, ...]
-    renamed: dict[str, str] = field(default_factory=dict)
-    added: tuple[str, ...] = ()
-    # Added columns whose old values follow from a row's other columns: the
-    # function gets the old rows and returns the column (instead of empty values).
-    derived: dict[str, Callable[[pd.DataFrame], pd.Series]] = field(default_factory=dict)
-    # Columns older files hold that current rows no longer carry, because what they
-    # measured was superseded (not renamed: the new measurement is another thing).
-    # Old rows lose them on the next write.
-    dropped: tuple[str, ...] = ()
-
-
-# Every result file under data/<device>/, in one place. Add a column's migration
-# here when a writer adds or renames one, so committed files keep their rows.
-# Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
-# not yet carry ``in_place``: what rows written before the column get.
-_IN_PLACE_BEFORE_COLUMN = frozenset({"fused_inplace", "vllm_packed_qk", "flashinfer", "quack"})
-
-
-def _old_rows_in_place(old: pd.DataFrame) -> pd.Series:
-    return old["variant"].isin(_IN_PLACE_BEFORE_COLUMN)
-
-
-TABLES: dict[str, Table] = {
-    "microbench.csv": Table(MICROBENCH_KEY,
-                            added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
-                                                  "in_place", "same_bytes_copy_us",
-                                                  "pct_of_same_bytes_copy"),
-                            derived={"in_place": _old_rows_in_place},
-                            # clone() timings (one cudaMemcpyAsync, alignment-bound):
-                            # superseded by the SM same-bytes copy above.
-                            dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
-    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
-                                "block_h", "num_warps", "device_name"),
-                               added=("in_place",),
-                               derived={"in_place": lambda old: pd.Series(False, index=old.index)}),
-    "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
-                             added=PEER_COLUMNS),
-    "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
-                          added=PEER_COLUMNS),
-    "ttft.csv": Table(TTFT_KEY,
-                      renamed={"rope_share": "profiled_rope_share",
-                               "rope_device_ms": "profiled_rope_device_ms",
-                               "peak_mem_mb": "profiled_peak_mem_mb"},
-                      added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms",
-                                            "in_place"),
-                      derived={"in_place": _old_rows_in_place}),
-}
 
 
 def _lock_file(path: Path) -> Path:
@@ -239,10 +184,10 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
     table = TABLES.get(path.name)
     if key is None:
         if table is None:
-            raise ValueError(f"{path.name} is not in results.TABLES; pass its key")
+            raise ValueError(f"{path.name} is not in specs.RESULT_FILES; pass its key")
         key = table.key
     elif table is not None and tuple(key) != table.key:
-        raise ValueError(f"key {list(key)} for {path.name} differs from results.TABLES' "
+        raise ValueError(f"key {list(key)} for {path.name} differs from specs.RESULT_FILES' "
                          f"{list(table.key)}")
     key = list(key)
     missing = [k for k in key if k not in new.columns]
@@ -318,7 +263,7 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
             + (f"; columns only in the file: {unknown}" if unknown else "")
             + (f"; columns the file lacks: {lacking}" if lacking else "")
             + ". Nothing was written. If the columns changed on purpose, declare the "
-            "rename or addition in rope_kernels/study/results.py TABLES so old rows migrate.")
+            "rename or addition in rope_kernels/study/specs.py RESULT_FILES so old rows migrate.")
     if not text.endswith("\n"):
         raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
                               "the file was truncated; nothing was written")

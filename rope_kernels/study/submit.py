@@ -39,21 +39,10 @@ import pandas as pd
 
 from rope_kernels.study.devices import REPO_ROOT
 from rope_kernels.study.results import file_lock, write_atomic
-from rope_kernels.study.runner import (
-    NOTEBOOKS,
-    ParameterError,
-    load_profile,
-    notebook_parameters,
-    resolve_parameters,
-    select_notebooks,
-)
-
-# The list parameter a notebook is split along: one task per item.
-SHARD_PARAMETER = {"02_microbench": "families", "04_ttft": "resolutions"}
-# The CSV each notebook fills (a shard delivered when it wrote rows there).
-NOTEBOOK_OUTPUT = {"01_kernels": "correctness.csv", "02_microbench": "microbench.csv",
-                   "03_profile": "launches.csv", "04_ttft": "ttft.csv"}
-SUMMARY_NOTEBOOK = "05_summary"
+from rope_kernels.study.parameters import ParameterError, select_notebooks, study_parameters
+# What each notebook is split along (spec.shard) and the file whose rows say a
+# shard delivered (spec.delivers) are in the notebook specs.
+from rope_kernels.study.specs import SPECS, SUMMARY_NOTEBOOK
 DEVICE_KINDS = ("cuda", "rocm", "cpu")
 STATE_DIR = "slurm"
 
@@ -205,15 +194,6 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _rows_filter(notebook: str, item) -> dict:
-    """Which rows of the notebook's CSV belong to one slice of its shard parameter."""
-    if notebook == "02_microbench":
-        return {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
-    if notebook == "04_ttft":
-        return {"resolution": [item]}
-    return {}
-
-
 def plan_shards(partitions: Sequence[Partition], *, only: Sequence[str] | None = None,
                 params_file: Path | None = None, overrides: Sequence[str] = (),
                 root: Path = REPO_ROOT) -> list[Shard]:
@@ -223,33 +203,34 @@ def plan_shards(partitions: Sequence[Partition], *, only: Sequence[str] | None =
     submission instead of every task."""
     root = Path(root)
     notebooks = [nb for nb in select_notebooks(only) if nb != SUMMARY_NOTEBOOK]
-    specs = {nb: notebook_parameters(root / "notebooks" / f"{nb}.ipynb") for nb in NOTEBOOKS}
     shards: list[Shard] = []
     for part in partitions:
-        layers = [(f"params/{part.kind}.yaml", load_profile(root / "params" / f"{part.kind}.yaml"))]
-        if params_file is not None:
-            layers.append((str(params_file), load_profile(Path(params_file))))
-        params = resolve_parameters(notebooks, specs, layers, overrides)
+        # Resolved for the partition's device kind, as its tasks' runner will resolve them.
+        params = study_parameters(part.kind, root=root, notebooks=notebooks,
+                                  params_file=params_file, overrides=overrides)
         base = ["run", "--device", part.kind]
         if params_file is not None:
             base += ["--params", str(Path(params_file).resolve())]
         for text in overrides:
             base += ["-p", text]
         for nb in notebooks:
-            name = SHARD_PARAMETER.get(nb)
-            items = _as_list(params[nb].get(name, specs[nb].get(name))) if name else []
+            spec = SPECS[nb]
+            split = spec.shard
+            items = (_as_list(params[nb].get(split.parameter,
+                                             spec.parameters[split.parameter].default))
+                     if split else [])
             if not items:
                 shards.append(Shard(len(shards), part.name, part.kind, nb, nb,
-                                    base + ["--only", nb], NOTEBOOK_OUTPUT.get(nb, "")))
+                                    base + ["--only", nb], spec.delivers))
                 continue
             for i, item in enumerate(items):
-                args = base + ["--only", nb, "-p", f"{nb}.{name}={json.dumps([item])}"]
-                # A config sweep runs once, with the first slice, not once per slice.
-                if nb == "02_microbench" and i > 0:
-                    args += ["-p", f"{nb}.config_sweep=false"]
+                args = base + ["--only", nb, "-p", f"{nb}.{split.parameter}={json.dumps([item])}"]
+                if i > 0:  # work done once (e.g. the launch-config sweep) runs with the first slice
+                    for name, value in split.after_first.items():
+                        args += ["-p", f"{nb}.{name}={json.dumps(value)}"]
                 shards.append(Shard(len(shards), part.name, part.kind, nb,
-                                    f"{nb} {name}[{i}]={json.dumps(item)}", args,
-                                    NOTEBOOK_OUTPUT.get(nb, ""), _rows_filter(nb, item)))
+                                    f"{nb} {split.parameter}[{i}]={json.dumps(item)}", args,
+                                    spec.delivers, split.rows(item)))
     return shards
 
 

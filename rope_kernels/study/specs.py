@@ -1,0 +1,372 @@
+"""One spec per notebook: the single statement of what each notebook takes and writes.
+
+For every notebook: its parameters (default, type = the default's type, value
+rule), the parameters the runner sets, the checks that span several parameters,
+the result files it writes under ``data/<device>/`` (with their keys and column
+migrations, ``RESULT_FILES``), the reports it leaves under ``reports/<device>/``,
+and the parameter a Slurm submission shards it along.
+
+Who reads it: the runner and ``submit`` check every value against it before
+anything runs (``study/parameters.py``), ``results.upsert_csv`` takes a file's
+key and migrations from ``RESULT_FILES``, ``submit`` shards and judges delivery
+by it, ``--help`` lists it. The notebooks keep their parameters cell as literal
+assignments (papermill injects over it, a reader sees the defaults);
+``tests/test_specs.py`` keeps each cell equal to its spec.
+
+Nothing here imports torch or the kernels: names come from ``vocabulary.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rope_kernels.vocabulary import (
+    ATTENTION_KERNELS,
+    DTYPE_NAMES,
+    ENCODER_MODES,
+    ENCODER_ONLY_ROPE,
+    ENCODERS,
+    GPU_ONLY_MODES,
+    KNOWN_VARIANTS,
+    MICROBENCH_MODES,
+    parse_resolution,
+    resolution_tokens,
+)
+
+# A value rule: (value, device kind or None) -> what is wrong, or None.
+Rule = Callable[[object, "str | None"], "str | None"]
+# A check across one notebook's parameters: (all its values, device kind) -> problem or None.
+Check = Callable[[Mapping[str, object], "str | None"], "str | None"]
+
+
+# -- value rules -------------------------------------------------------------------
+def at_least(lo: int | float) -> Rule:
+    def check(v, kind):
+        return None if v >= lo else f"must be >= {lo}, got {v!r}"
+    return check
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    def check(v, kind):
+        return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
+    return check
+
+
+def _head_dim_problem(d) -> str | None:
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2 or d % 2:
+        return f"head_dim must be a positive even int (pairs are rotated), got {d!r}"
+    return None
+
+
+def _shape_problem(item) -> str | None:
+    if not (isinstance(item, (list, tuple)) and len(item) == 3
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in item)):
+        return f"each shape must be [tokens, heads, head_dim] ints, got {item!r}"
+    if item[0] < 1 or item[1] < 1:
+        return f"tokens and heads must be >= 1, got {item!r}"
+    return _head_dim_problem(item[2])
+
+
+def _family_problem(item) -> str | None:
+    if not isinstance(item, dict) or set(item) != {"tokens", "heads", "head_dim"}:
+        return f"each family must be {{tokens: ..., heads: ..., head_dim: ...}}, got {item!r}"
+    for field_name, values in item.items():
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            return f"family {field_name} is empty"
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                return f"family {field_name} must hold ints >= 1, got {v!r}"
+            if field_name == "head_dim" and _head_dim_problem(v):
+                return _head_dim_problem(v)
+    return None
+
+
+def _resolution_problem(item) -> str | None:
+    try:
+        parse_resolution(item)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _int_ge1(v) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
+        f"must hold ints >= 1, got {v!r}"
+
+
+def _dtype_item(v) -> str | None:
+    return None if v in DTYPE_NAMES else f"unknown dtype {v!r}; use {', '.join(DTYPE_NAMES)}"
+
+
+def list_of(item_problem: Callable[[object], str | None], *, allow_empty: bool = False) -> Rule:
+    def check(v, kind):
+        if not v and not allow_empty:
+            return "must not be empty"
+        for item in v:
+            problem = item_problem(item)
+            if problem:
+                return problem
+        return None
+    return check
+
+
+def modes(choices: Sequence[str]) -> Rule:
+    """Timing modes; the CUDA-graph ones are refused for a CPU run."""
+    def item_problem(m):
+        return None if m in choices else f"unknown mode {m!r}; use {', '.join(choices)}"
+    listed = list_of(item_problem)
+
+    def check(v, kind):
+        problem = listed(v, kind)
+        if problem is None and kind == "cpu":
+            gpu = [m for m in v if m in GPU_ONLY_MODES]
+            if gpu:
+                problem = f"{', '.join(gpu)} needs a GPU (this run is on the CPU); use [eager]"
+        return problem
+    return check
+
+
+def variant_names(*, allow_empty: bool, extra: Sequence[str] = ()) -> Rule:
+    """Names from ``KNOWN_VARIANTS`` (plus ``extra``), each once. Whether a known
+    peer runs on this machine is checked by the runner (it builds the registry);
+    ``submit`` cannot know the compute node's peers and checks the names only."""
+    known = (*KNOWN_VARIANTS, *extra)
+
+    def check(v, kind):
+        if not v:
+            return None if allow_empty else "must not be empty (name the variants to time)"
+        for name in v:
+            if not isinstance(name, str) or name not in known:
+                return f"unknown variant {name!r}; known: {', '.join(known)}"
+        repeated = sorted({n for n in v if list(v).count(n) > 1})
+        if repeated:
+            return f"names {', '.join(repeated)} more than once"
+        return None
+    return check
+
+
+def _qkv_tokens_rule(v, kind):
+    return list_of(_int_ge1)(v, kind)
+
+
+# -- cross-parameter checks ----------------------------------------------------------
+def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
+    """04_ttft: ``max_tokens`` must leave at least one (resolution, image count)
+    bucket (with none left the notebook used to fail with an IndexError)."""
+    try:
+        smallest = min(resolution_tokens(r) * n for r in values["resolutions"]
+                       for n in values["image_counts"])
+    except (TypeError, ValueError):
+        return None  # the value rules name the bad item
+    limit = values["max_tokens"]
+    if limit < smallest:
+        return (f"max_tokens={limit} leaves no bucket: the smallest (resolution x images) "
+                f"has {smallest} vision tokens")
+    return None
+
+
+# -- the spec types ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Param:
+    """A notebook parameter: its default (the small CPU configuration nbval re-runs;
+    its type is the parameter's type) and the rule every given value must pass."""
+
+    default: object
+    rule: Rule | None = None
+    by_runner: bool = False  # set by the runner (device, folders); not a user parameter
+    variants: bool = False  # holds variant names (the runner checks they run here)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A result file's key and its declared column migrations.
+
+    The columns and their types are those of the rows the code writes; an older
+    file is accepted only where it differs by the migrations declared here:
+    ``renamed`` (old header name -> current name), ``added`` (columns that
+    rows written before they existed lack: those rows get an empty value, or the
+    value ``derived`` computes from their other columns) and ``dropped``."""
+
+    key: tuple[str, ...]
+    renamed: dict[str, str] = field(default_factory=dict)
+    added: tuple[str, ...] = ()
+    # Added columns whose old values follow from a row's other columns: the
+    # function gets the old rows (a DataFrame) and returns the column (a Series).
+    derived: dict[str, Callable] = field(default_factory=dict)
+    # Columns older files hold that current rows no longer carry, because what they
+    # measured was superseded (not renamed: the new measurement is another thing).
+    # Old rows lose them on the next write.
+    dropped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How ``submit`` splits a notebook: one array task per item of ``parameter``;
+    ``rows(item)`` says which rows of the delivered file belong to that item
+    (column -> values), ``after_first`` are overrides for every task but the first
+    (work done once, e.g. the launch-config sweep)."""
+
+    parameter: str
+    rows: Callable[[object], dict]
+    after_first: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NotebookSpec:
+    name: str
+    parameters: dict[str, Param]
+    writes: tuple[str, ...] = ()  # result files under data/<device>/ (keys in RESULT_FILES)
+    delivers: str = ""  # the file whose new rows mean a submit shard delivered
+    report_extras: tuple[str, ...] = ()  # beside <name>.ipynb/.html under reports/<device>/
+    shard: Shard | None = None
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def user_parameters(self) -> dict[str, Param]:
+        return {n: p for n, p in self.parameters.items() if not p.by_runner}
+
+    @property
+    def defaults(self) -> dict[str, object]:
+        """Name -> default of every parameter, as the notebook's parameters cell holds them."""
+        return {n: p.default for n, p in self.parameters.items()}
+
+    @property
+    def reports(self) -> tuple[str, ...]:
+        return (f"{self.name}.ipynb", f"{self.name}.html", *self.report_extras)
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _family_rows(item) -> dict:
+    return {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
+
+
+PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
+MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
+TTFT_KEY = ("variant", "resolution", "images", "mode", "device_name")
+QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
+
+# Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
+# not yet carry ``in_place``: what rows written before the column get.
+_IN_PLACE_BEFORE_COLUMN = frozenset({"fused_inplace", "vllm_packed_qk", "flashinfer", "quack"})
+
+
+def _old_rows_in_place(old):
+    return old["variant"].isin(_IN_PLACE_BEFORE_COLUMN)
+
+
+def _never_in_place(old):
+    import pandas as pd
+
+    return pd.Series(False, index=old.index)
+
+
+# Every result file under data/<device>/, in one place. Add a column's migration
+# here when a writer adds or renames one, so committed files keep their rows.
+RESULT_FILES: dict[str, Table] = {
+    "microbench.csv": Table(MICROBENCH_KEY,
+                            added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
+                                                  "in_place", "same_bytes_copy_us",
+                                                  "pct_of_same_bytes_copy"),
+                            derived={"in_place": _old_rows_in_place},
+                            # clone() timings (one cudaMemcpyAsync, alignment-bound):
+                            # superseded by the SM same-bytes copy above.
+                            dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
+    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
+                                "block_h", "num_warps", "device_name"),
+                               added=("in_place",), derived={"in_place": _never_in_place}),
+    "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
+                             added=PEER_COLUMNS),
+    "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
+                          added=PEER_COLUMNS),
+    "ttft.csv": Table(TTFT_KEY,
+                      renamed={"rope_share": "profiled_rope_share",
+                               "rope_device_ms": "profiled_rope_device_ms",
+                               "peak_mem_mb": "profiled_peak_mem_mb"},
+                      added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms",
+                                            "in_place"),
+                      derived={"in_place": _old_rows_in_place}),
+    "qkv_gemm.csv": Table(QKV_KEY),
+    # the QKV GEMM config probe's rows (tools/qkv_probe.py, one GPU run), not a notebook's
+    "qkv_gemm_configs.csv": Table(("variant", "config") + QKV_KEY[1:]),
+}
+
+_DEVICE = Param("auto", by_runner=True)  # auto | cpu | cuda | rocm
+_DATA_DIR = Param("", by_runner=True)  # empty: save nothing
+_SHAPE_LIST = list_of(_shape_problem)
+
+SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
+    NotebookSpec("01_kernels", {
+        "device": _DEVICE,
+        "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
+        "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
+        "variants": Param([], variant_names(allow_empty=True), variants=True),
+        "seed": Param(0),
+        "data_dir": _DATA_DIR,
+    }, writes=("correctness.csv",), delivers="correctness.csv"),
+    NotebookSpec("02_microbench", {
+        "device": _DEVICE,
+        "variants": Param([], variant_names(allow_empty=True), variants=True),
+        "families": Param([{"tokens": [16, 33], "heads": [2], "head_dim": [8, 72]}],
+                          list_of(_family_problem)),
+        "dtypes": Param(["bfloat16"], list_of(_dtype_item)),
+        "modes": Param(["eager"], modes(MICROBENCH_MODES)),
+        "samples": Param(3, at_least(1)),
+        "config_sweep": Param(False),
+        "sweep_shapes": Param([[8192, 16, 72]], _SHAPE_LIST),
+        "progress": Param(True),
+        "qkv_gemm": Param(False),
+        "qkv_tokens": Param([37], _qkv_tokens_rule),
+        "qkv_compile_budget_s": Param(60, at_least(0)),
+        "data_dir": _DATA_DIR,
+    }, writes=("microbench.csv", "fused_configs.csv", "qkv_gemm.csv"), delivers="microbench.csv",
+        shard=Shard("families", _family_rows, after_first={"config_sweep": False})),
+    NotebookSpec("03_profile", {
+        "device": _DEVICE,
+        "tokens": Param(64, at_least(1)),
+        "heads": Param(4, at_least(1)),
+        "head_dim": Param(72, lambda v, kind: _head_dim_problem(v)),
+        "dtype": Param("bfloat16", one_of(DTYPE_NAMES)),
+        "layers": Param(27, at_least(1)),
+        "variants": Param([], variant_names(allow_empty=True), variants=True),
+        "data_dir": _DATA_DIR,
+        "report_dir": Param("", by_runner=True),
+    }, writes=("launches.csv",), delivers="launches.csv", report_extras=("traces/",)),
+    NotebookSpec("04_ttft", {
+        "device": _DEVICE,
+        "encoder": Param("small", one_of(ENCODERS)),
+        "layers": Param(0, lambda v, kind: None if v >= 0 else
+                        f"must be >= 0 (0: the encoder's own depth), got {v!r}"),
+        "dtype": Param("bfloat16", one_of(DTYPE_NAMES)),
+        "resolutions": Param(["56x56", "112x84"], list_of(_resolution_problem)),
+        "image_counts": Param([1, 2], list_of(_int_ge1)),
+        "variants": Param(["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision",
+                           "vllm_merged", "gemm_epilogue", "none"],
+                          variant_names(allow_empty=False, extra=ENCODER_ONLY_ROPE), variants=True),
+        "modes": Param(["eager"], modes(ENCODER_MODES)),
+        "samples": Param(2, at_least(1)),
+        "attention": Param("auto", one_of(ATTENTION_KERNELS)),
+        "max_tokens": Param(400000, at_least(1)),
+        "prefill_tokens_per_s": Param(0.0, at_least(0)),
+        "seed": Param(0),
+        "progress": Param(True),
+        "data_dir": _DATA_DIR,
+    }, writes=("ttft.csv",), delivers="ttft.csv",
+        shard=Shard("resolutions", lambda item: {"resolution": [item]}),
+        checks=(_some_bucket_fits,)),
+    NotebookSpec("05_summary", {
+        "data_root": Param("../data"),
+        # committed: devices git tracks (nbval's default); all: local runs too (the runner sets it)
+        "device_folders": Param("committed", one_of(("committed", "all")), by_runner=True),
+    }),
+)}
+
+NOTEBOOKS: tuple[str, ...] = tuple(SPECS)
+SUMMARY_NOTEBOOK = "05_summary"
+# Set by the runner for every notebook that declares them; not user parameters.
+RUNNER_PARAMS: tuple[str, ...] = tuple(dict.fromkeys(
+    n for s in SPECS.values() for n, p in s.parameters.items() if p.by_runner))
