@@ -11,13 +11,17 @@ version and sha256 of the file it runs (empty for this project's own variants).
 
 Peers run from their own packages: vLLM 0.33.0 and SGLang 0.5.23 files from the
 installed engine or the pinned cache (``python -m rope_kernels peers fetch``);
-FlashInfer and QuACK only where installed and working on this device; Liger and
-torch.compile from their packages. A peer that cannot run here is absent, never a
+SGLang's Kimi-K2.5 CUDA path and FlashInfer 0.7.4 from pinned trees of their wheels
+in the same cache, JIT-compiled through tvm-ffi on a CUDA device; QuACK where it is
+installed (an air-gapped GPU node: ``tools/device_setup.sh``); Liger and
+torch.compile from their packages. ``version``/``sha256`` of a pinned tree is its
+digest over every file (``peers.cache.tree_digest``). A peer that cannot run here is absent, never a
 stub; ``peer_status()`` says which ran and why the others did not.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -156,37 +160,62 @@ def _engine_peers(status: list[PeerStatus]) -> list[Variant]:
                                  src.origin))
         out.append(replace(variant, peer_package=src.package, peer_version=src.version,
                            peer_sha256=src.sha256))
-    status.append(PeerStatus(
-        "sglang_k25_inplace", False,
-        "SGLang's Kimi-K2.5 tower calls apply_fused_qk_complex_rope_inplace, a CUDA kernel "
-        "SGLang JIT-compiles (sglang.kernels.ops.attention.rope): needs the whole sglang "
-        "package; not run", "sglang", "", "", ""))
     return out
 
 
 def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
-    """FlashInfer and QuACK: only where installed and working on this device."""
-    from rope_kernels.peers import flashinfer, quack
+    """The CUDA-only peers: SGLang's Kimi-K2.5 path and FlashInfer (JIT-compiled from
+    their pinned files through tvm-ffi), QuACK (CuTe DSL, installed). Each is here
+    only where it loads, finds a CUDA device and passes a tiny float64 check."""
+    from rope_kernels.peers import flashinfer, quack, sglang_kimi_k25
 
-    out = []
-    for name, mod, variant_kwargs in (
-        ("flashinfer", flashinfer, dict(
-            fn=flashinfer.flashinfer_rope, launches=3, launches_fp32=3, inplace=True,
-            description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved): "
-                        "cos/sin cache and positions, then one launch for q and k")),
-        ("quack", quack, dict(
-            fn=quack.quack_rope, launches=3, launches_fp32=3, inplace=True, packed_only=True,
-            packed_fn=quack.quack_packed,
+    def tree_source(mod):
+        version, sha, origin, _module = mod.source()
+        return version, sha, origin
+
+    def quack_source():
+        return (*quack.source(), "installed")
+
+    specs = [
+        ("sglang_kimi_k25", sglang_kimi_k25.PACKAGE, sglang_kimi_k25.availability,
+         lambda: tree_source(sglang_kimi_k25), dict(
+            fn=sglang_kimi_k25.sglang_kimi_k25_rope, launches=3, launches_fp32=3,
+            packed_fn=sglang_kimi_k25.sglang_kimi_k25_packed, packed_only=True,
+            dtypes=sglang_kimi_k25.DTYPES,
+            description="SGLang 0.5.23's Kimi-K2.5 tower: VisionAttention's contiguous copies "
+                        "of q and k (of q, k and v in the encoder), then "
+                        "apply_fused_qk_complex_rope_inplace, SGLang's JIT CUDA kernel "
+                        "(rope.cuh through tvm-ffi) rotating the copies in place; cos|sin "
+                        "cache prepared once per freqs_cis")),
+        ("flashinfer", flashinfer.PACKAGE, flashinfer.availability,
+         lambda: tree_source(flashinfer), dict(
+            fn=flashinfer.flashinfer_rope, launches=1, launches_fp32=1, inplace=True,
+            description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
+                        "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
+                        "and positions built once per freqs_cis")),
+        ("quack_qkv", quack.PACKAGE, functools.partial(quack.availability, "quack_qkv"),
+         quack_source, dict(
+            fn=quack.quack_qkv_rope, launches=1, launches_fp32=1, inplace=True, packed_only=True,
+            packed_fn=quack.quack_qkv_packed,
             description="QuACK apply_rotary_emb_qkv_ (CuTe DSL, interleaved) in place on the "
-                        "packed qkv, after contiguous cos/sin copies")),
-    ):
-        ok, reason = mod.availability()
+                        "packed qkv under no_grad: one launch; contiguous fp32 cos/sin built "
+                        "once per freqs_cis")),
+        ("quack_rotary", quack.PACKAGE, functools.partial(quack.availability, "quack_rotary"),
+         quack_source, dict(
+            fn=quack.quack_rotary_rope, launches=1, launches_fp32=1, packed_only=True,
+            description="QuACK apply_rotary (CuTe DSL, interleaved) out of place on the q|k "
+                        "view of the packed qkv: one launch, new q and k; contiguous fp32 "
+                        "cos/sin built once per freqs_cis")),
+    ]
+    out = []
+    for name, package, available, where, variant_kwargs in specs:
+        ok, reason = available()
         if not ok:
-            status.append(PeerStatus(name, False, reason, mod.PACKAGE, "", "", ""))
+            status.append(PeerStatus(name, False, reason, package, "", "", ""))
             continue
-        version, sha = mod.source()
-        status.append(PeerStatus(name, True, "", mod.PACKAGE, version, sha, "installed"))
-        out.append(Variant(name, peer_package=mod.PACKAGE, peer_version=version,
+        version, sha, origin = where()
+        status.append(PeerStatus(name, True, "", package, version, sha, origin))
+        out.append(Variant(name, peer_package=package, peer_version=version,
                            peer_sha256=sha, **variant_kwargs))
     return out
 

@@ -22,6 +22,7 @@ from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
 from rope_kernels.peers import cache
 
 ENGINE_PEERS = ("vllm_packed_qk", "vllm_merged", "sglang_vision")
+CUDA_PEERS = ("sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")  # JIT CUDA / CuTe DSL
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -126,14 +127,14 @@ def test_encoder_runs_the_engines_paths(engine_peers, device):
 
 def test_peer_status_lists_every_peer_with_a_reason():
     rows = {r["name"]: r for r in peer_status()}
-    for name in ENGINE_PEERS + ("liger", "compiled", "flashinfer", "quack"):
+    for name in ENGINE_PEERS + ("liger", "compiled") + CUDA_PEERS:
         assert name in rows
         row = rows[name]
         assert row["available"] == (name in VARIANTS), row
         assert row["available"] or row["reason"], row
     if not torch.cuda.is_available():
-        assert not rows["flashinfer"]["available"] and "flashinfer" not in VARIANTS
-        assert not rows["quack"]["available"] and "quack" not in VARIANTS
+        for name in CUDA_PEERS:
+            assert not rows[name]["available"] and name not in VARIANTS, rows[name]
 
 
 # -- the cache -------------------------------------------------------------------
@@ -296,3 +297,144 @@ def test_peers_dir_is_absolute_with_home_expanded(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     kernel_sees_repo()  # what `run` does before it starts a notebook's kernel
     assert os.environ["ROPE_PEERS_DIR"] == str(first)
+
+
+# -- pinned trees (SGLang's JIT tree, FlashInfer's rope files) ----------------------
+def _fake_tree(tmp_path, files: dict[str, bytes]):
+    """A wheel in tmp_path/wheels holding ``files``, and a PinnedTree that pins them."""
+    import hashlib
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheels / "fake_engine-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+        zf.writestr("fake_engine/unrelated.py", b"not selected\n")
+    members = ("fake_engine/jit/", "fake_engine/rope.py")
+    selected = {p: hashlib.sha256(d).hexdigest() for p, d in files.items()
+                if p.startswith("fake_engine/jit/") or p == "fake_engine/rope.py"}
+    tree = cache.PinnedTree("jit", "fake-engine", "1.0", wheel.name, cache.sha256_file(wheel),
+                            "3.12", "any", members, cache.tree_digest(selected))
+    return tree, wheels
+
+
+TREE_FILES = {"fake_engine/rope.py": b"def rope():\n    return 1\n",
+              "fake_engine/jit/include/a.cuh": b"// header a\n",
+              "fake_engine/jit/csrc/b.cuh": b"// source b\n"}
+
+
+def test_tree_fetch_keeps_only_the_pinned_members_and_loads_verified(tmp_path):
+    tree, wheels = _fake_tree(tmp_path, TREE_FILES)
+    root = tmp_path / "cache"
+    assert "cached 3 file(s)" in cache.fetch_tree(tree, root=root, wheels=wheels)
+    assert not (root / tree.key / "fake_engine/unrelated.py").exists()
+    loaded = cache.load_tree(tree, root)
+    assert loaded.sha256 == tree.tree_sha256 and loaded.files == 3
+    assert (loaded.root / "fake_engine/rope.py").read_bytes() == TREE_FILES["fake_engine/rope.py"]
+    assert cache.fetch_tree(tree, root=root, wheels=wheels).endswith("cache valid")
+
+
+def test_tree_refuses_a_changed_file_even_with_its_manifest_edited(tmp_path):
+    tree, wheels = _fake_tree(tmp_path, TREE_FILES)
+    root = tmp_path / "cache"
+    cache.fetch_tree(tree, root=root, wheels=wheels)
+    target = root / tree.key / "fake_engine/jit/csrc/b.cuh"
+    target.write_bytes(b"// edited\n")
+    with pytest.raises(cache.PeerCacheError, match="b.cuh"):
+        cache.load_tree(tree, root)
+    manifest_path = root / tree.key / cache.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    for e in manifest["files"]:
+        if e["path"].endswith("b.cuh"):
+            e["sha256"] = cache.sha256_file(target)
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(cache.PeerCacheError, match="pinned"):
+        cache.load_tree(tree, root)
+
+
+def test_tree_refuses_a_missing_file_and_a_wheel_without_a_member(tmp_path):
+    tree, wheels = _fake_tree(tmp_path, TREE_FILES)
+    root = tmp_path / "cache"
+    cache.fetch_tree(tree, root=root, wheels=wheels)
+    (root / tree.key / "fake_engine/rope.py").unlink()
+    with pytest.raises(cache.PeerCacheError, match="missing"):
+        cache.load_tree(tree, root)
+    short = {p: d for p, d in TREE_FILES.items() if p != "fake_engine/rope.py"}
+    (tmp_path / "second").mkdir()
+    tree2, wheels2 = _fake_tree(tmp_path / "second", short)
+    with pytest.raises(cache.PeerCacheError, match="has no fake_engine/rope.py"):
+        cache.fetch_tree(tree2, root=tmp_path / "second" / "cache", wheels=wheels2)
+
+
+def test_pinned_trees_name_their_wheels():
+    for tree in cache.TREES.values():
+        assert len(tree.wheel_sha256) == 64 and len(tree.tree_sha256) == 64, tree.key
+        assert tree.wheel.startswith(tree.package.replace("-", "_") + "-" + tree.version)
+
+
+# -- tables an engine builds once per forward --------------------------------------
+def test_prepared_tables_are_built_once_per_freqs_tensor():
+    from rope_kernels.peers.prepared import prepared_count, prepared_per_freqs
+
+    builds = []
+
+    def build(f):
+        builds.append(f)
+        return f.real.contiguous()
+
+    f = torch.polar(torch.ones(4, 3), torch.rand(4, 3))
+    a = prepared_per_freqs(f, "test", build)
+    assert prepared_per_freqs(f, "test", build) is a and len(builds) == 1
+    g = f.clone()  # equal values, another tensor: its own table
+    prepared_per_freqs(g, "test", build)
+    assert len(builds) == 2
+    f.mul_(1j)  # modified in place: rebuilt
+    assert torch.equal(prepared_per_freqs(f, "test", build), f.real) and len(builds) == 3
+    before = prepared_count()
+    del f, g, builds[:]
+    assert prepared_count() == before - 2
+
+
+# -- the CUDA peers' wrappers off the GPU ------------------------------------------
+def test_sglang_shims_keep_sglang_defaults(monkeypatch, tmp_path):
+    from rope_kernels.peers.sglang_kimi_k25 import import_shims
+
+    mods = import_shims(tmp_path)
+    envs = mods["sglang.srt.environ"].envs
+    monkeypatch.delenv("SGLANG_JIT_FORCE_RECOMPILE", raising=False)
+    assert envs.SGLANG_SAIL_GPU_ARCH.get() == "native"
+    assert envs.SGLANG_JIT_FORCE_RECOMPILE.get() is False
+    assert envs.SGLANG_JIT_CACHE_DIR.get() is None
+    monkeypatch.setenv("SGLANG_JIT_FORCE_RECOMPILE", "1")
+    assert envs.SGLANG_JIT_FORCE_RECOMPILE.get() is True
+    register = mods["sglang.srt.utils.custom_op"].register_custom_op
+
+    def f(x):
+        return x + 1
+
+    assert register(f) is f and register(op_name="x", mutates_args=["q"])(f) is f
+    # package __init__ files are skipped; submodules load from the tree
+    assert mods["sglang.kernels.ops.attention"].__path__ == [
+        str(tmp_path / "sglang" / "kernels" / "ops" / "attention")]
+    assert mods["sglang.srt"].environ is mods["sglang.srt.environ"]
+
+
+@pytest.mark.parametrize("name", ["sglang_kimi_k25", "quack_qkv", "quack_rotary"])
+def test_packed_only_cuda_peers_refuse_other_layouts_with_one_line(name):
+    from rope_kernels.peers import quack, sglang_kimi_k25
+
+    fn = {"sglang_kimi_k25": sglang_kimi_k25.sglang_kimi_k25_rope,
+          "quack_qkv": quack.quack_qkv_rope, "quack_rotary": quack.quack_rotary_rope}[name]
+    inp = make_inputs(5, 2, 8, torch.bfloat16, "cpu", packed=False)
+    with pytest.raises(ValueError, match=name):
+        fn(inp.xq, inp.xk, inp.freqs_cis)
+
+
+def test_sglang_kimi_k25_refuses_fp32_with_a_reason():
+    from rope_kernels.peers.sglang_kimi_k25 import sglang_kimi_k25_rope
+
+    inp = make_inputs(5, 2, 8, torch.float32, "cpu")
+    with pytest.raises(TypeError, match="bfloat16 and float16"):
+        sglang_kimi_k25_rope(inp.xq, inp.xk, inp.freqs_cis)

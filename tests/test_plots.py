@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 from rope_kernels.study import plots  # noqa: E402
 
 NAMED = ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "vllm_merged",
-         "vllm_merged_recreated", "compiled", "liger", "flashinfer", "quack", "none",
+         "vllm_merged_recreated", "compiled", "liger", "flashinfer", "quack_qkv", "quack_rotary",
+         "sglang_kimi_k25", "none",
          "gemm_epilogue", "copy", "cublas_linear", "cublas_linear+fused_rope",
          "compile_max_autotune", "qkv_rope_linear", "qkv_rope_linear_angles"]
 

@@ -318,13 +318,15 @@ def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None
 def fetch_all(*, root: Path | None = None, wheels: Path | None = None,
               force: bool = False) -> list[str]:
     """Cache every pinned engine's peer files (``python -m rope_kernels peers fetch``)."""
-    return [fetch_pin(pin, root=root, wheels=wheels, force=force) for pin in PINS.values()]
+    return ([fetch_pin(pin, root=root, wheels=wheels, force=force) for pin in PINS.values()]
+            + [fetch_tree(tree, root=root, wheels=wheels, force=force) for tree in TREES.values()])
 
 
-def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only") -> tuple[bool, str]:
-    """(runs here, why not) for a CUDA-only peer used only where its package is
-    installed: it must import, find a CUDA device, and pass a tiny float64 check
-    (``fn`` rotates packed-qkv views in place)."""
+def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only",
+                        inplace: bool = True) -> tuple[bool, str]:
+    """(runs here, why not) for a CUDA-only peer: its module must import, a CUDA
+    device must be there, and a tiny float64 check must pass (``fn`` rotates the
+    packed-qkv views in place, or returns new q/k when ``inplace`` is False)."""
     import importlib.util
 
     import torch
@@ -334,11 +336,11 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
     if importlib.util.find_spec(module) is None:
         return False, f"{package} not installed (pinned {pinned}; {why})"
     if not torch.cuda.is_available() or triton_interpreter_enabled():
-        return False, f"{package} installed but needs a CUDA device"
+        return False, f"{package} {pinned} loads here but needs a CUDA device ({why})"
     try:
         from rope_kernels.bench.correctness import check_variant
 
-        res = check_variant(fn, tokens=8, heads=2, head_dim=72, device="cuda", inplace=True,
+        res = check_variant(fn, tokens=8, heads=2, head_dim=72, device="cuda", inplace=inplace,
                             name=module)
     except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
         return False, f"{package} failed on this device: {type(exc).__name__}: {exc}"
@@ -346,3 +348,172 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
         return False, f"{package} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
     return True, ""
 
+
+
+# -- pinned trees: a peer that needs a few hundred KB of an engine's package --------
+@dataclass(frozen=True)
+class PinnedTree:
+    """Part of an engine's wheel a JIT-compiled peer runs: its Python files and the
+    CUDA sources and headers its build reads.
+
+    ``members`` are paths inside the wheel; one ending in "/" takes every file under
+    that folder. The pin is ``tree_sha256``: the sha256 of the listing
+    ``"<file sha256>  <path>\\n"`` over every file, sorted by path (``tree_digest``).
+    ``fetch`` writes that listing, file by file, into the tree's manifest; loading
+    re-hashes every file against the manifest and the manifest against the pin.
+    """
+
+    name: str  # the cache folder: <package>-<version>-<name>
+    package: str
+    version: str
+    wheel: str
+    wheel_sha256: str
+    python: str
+    platform: str
+    members: tuple[str, ...]
+    tree_sha256: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.package}-{self.version}-{self.name}"
+
+    def selects(self, path: str) -> bool:
+        return any(path == m or (m.endswith("/") and path.startswith(m)) for m in self.members)
+
+
+TREES: dict[str, PinnedTree] = {
+    # SGLang 0.5.23's Kimi-K2.5 RoPE: vision_rope.py's apply_fused_qk_complex_rope_inplace
+    # -> ops/attention/rope.py apply_rope_inplace -> load_jit (jit/utils) builds
+    # jit/csrc/elementwise/rope.cuh with the jit/include headers.
+    "sglang_jit": PinnedTree(
+        "jit", "sglang", "0.5.23", PINS["sglang"].wheel, PINS["sglang"].wheel_sha256,
+        PINS["sglang"].python, PINS["sglang"].platform,
+        ("sglang/kernels/jit/__init__.py", "sglang/kernels/jit/utils/",
+         "sglang/kernels/jit/include/", "sglang/kernels/jit/csrc/elementwise/rope.cuh",
+         "sglang/kernels/ops/attention/rope.py", "sglang/kernels/ops/attention/vision_rope.py"),
+        "b3c2e48306056c2f8d5004acd0b18c0f6c6293af2bc264726bc0e17d075b81a6",
+    ),
+    # FlashInfer 0.7.4's flashinfer.rope (apply_rope_with_cos_sin_cache_inplace): the
+    # Python files `import flashinfer.rope` loads without the package's __init__, and
+    # the sources and headers of its JIT module "rope" (gen_rope_module).
+    "flashinfer_rope": PinnedTree(
+        "rope", "flashinfer-python", "0.7.4", "flashinfer_python-0.7.4-py3-none-any.whl",
+        "a051a62e09a2738e8b0de47a1944fd2f0f3eff01b728b662141ea660cb09dd32", "3.12", "any",
+        tuple(f"flashinfer/{p}" for p in (
+            "_build_meta.py", "api_logging.py", "compilation_context.py", "rope.py",
+            "utils.py", "version.py", "jit/_cuda_architecture.py", "jit/core.py",
+            "jit/cpp_ext.py", "jit/env.py", "jit/rope.py", "jit/spdlog.py", "jit/utils.py",
+            "trace/__init__.py", "trace/solution.py", "trace/template.py",
+            "trace/templates/__init__.py", "trace/templates/_init_helpers.py",
+            "trace/templates/rope.py", "data/csrc/rope.cu", "data/csrc/flashinfer_rope_binding.cu",
+            "data/csrc/tvm_ffi_utils.h",
+            # what rope.cu's #include chain reaches in data/include (checked by hand:
+            # pos_enc.cuh -> layout, math, page, utils, vec_dtypes -> exception, fastdiv)
+            *(f"data/include/flashinfer/{h}" for h in (
+                "exception.h", "fastdiv.cuh", "layout.cuh", "math.cuh", "page.cuh",
+                "pos_enc.cuh", "utils.cuh", "vec_dtypes.cuh")))),
+        "fb039d80ff6506a236f10d0212cfdb0052a09eda2a878d6b8f1fa5d2c2c5ce5b",
+    ),
+}
+
+
+def tree_digest(entries: dict[str, str]) -> str:
+    """sha256 of the sorted ``"<sha256>  <path>\\n"`` listing of a tree's files."""
+    listing = "".join(f"{sha}  {path}\n" for path, sha in sorted(entries.items()))
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedTree:
+    """A verified pinned tree in the cache: where it is and its digest."""
+
+    tree: PinnedTree
+    root: Path  # folder holding the wheel's paths (e.g. root / "sglang/kernels/jit")
+    sha256: str  # tree_digest, equal to the pin
+    files: int
+
+
+def load_tree(tree: PinnedTree, root: Path | None = None) -> CachedTree:
+    """The cached tree after re-hashing every file against its manifest and the pin."""
+    folder = (Path(root) if root is not None else peers_dir()) / tree.key
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
+                             f"fetch` to cache {tree.package}=={tree.version}'s {tree.name} files")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = {e["path"]: e["sha256"] for e in manifest["files"]}
+        package, version = manifest["package"], manifest["version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PeerCacheError(f"unreadable manifest {manifest_path}: {exc}") from exc
+    if (package, version) != (tree.package, tree.version):
+        raise PeerCacheError(f"{manifest_path} is for {package}=={version}, "
+                             f"pinned {tree.package}=={tree.version}")
+    digest = tree_digest(entries)
+    if digest != tree.tree_sha256:
+        raise PeerCacheError(f"{manifest_path} lists a tree with sha256 {digest}, pinned "
+                             f"{tree.tree_sha256}: re-run `python -m rope_kernels peers fetch`")
+    for path, sha in entries.items():
+        location = folder / path
+        if not location.is_file():
+            raise PeerCacheError(f"cached peer file missing: {location}")
+        got = sha256_file(location)
+        if got != sha:
+            raise PeerCacheError(f"cached peer file {location} has sha256 {got}, the pinned "
+                                 f"tree says {sha}: re-run `python -m rope_kernels peers fetch`")
+    return CachedTree(tree, folder, digest, len(entries))
+
+
+def package_module(name: str, path: Path | None = None) -> types.ModuleType:
+    """A package module for sys.modules whose ``__init__`` is not run: submodules load
+    from ``path`` (an engine package's __init__ would import the whole engine)."""
+    import importlib.machinery
+
+    module = types.ModuleType(name)
+    module.__path__ = [str(path)] if path is not None else []
+    module.__package__ = name
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = module.__path__
+    module.__spec__ = spec
+    return module
+
+
+def fetch_tree(tree: PinnedTree, *, root: Path | None = None, wheels: Path | None = None,
+               force: bool = False) -> str:
+    """Cache ``tree``'s files from its pinned wheel; a valid cache is kept."""
+    root = Path(root) if root is not None else peers_dir()
+    if not force:
+        try:
+            load_tree(tree, root)
+            return f"{tree.key}: cache valid"
+        except PeerCacheError:
+            pass
+    folder = root / tree.key
+    pin = PinnedWheel(tree.package, tree.version, tree.wheel, tree.wheel_sha256, tree.python,
+                      tree.platform, {})
+    with tempfile.TemporaryDirectory(prefix="rope-peer-wheel-") as tmp:
+        wheel = _obtain_wheel(pin, wheels, Path(tmp))
+        digest = sha256_file(wheel)
+        if digest != tree.wheel_sha256:
+            raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {tree.wheel_sha256}")
+        (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
+        entries: dict[str, str] = {}
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                if info.is_dir() or not tree.selects(info.filename):
+                    continue
+                data = zf.read(info)
+                entries[info.filename] = hashlib.sha256(data).hexdigest()
+                _write_atomic(folder / info.filename, data)
+    missing = [m for m in tree.members if not any(p == m or p.startswith(m) for p in entries)]
+    if missing:
+        raise PeerCacheError(f"{tree.wheel} has no {', '.join(missing)}")
+    got = tree_digest(entries)
+    if got != tree.tree_sha256:
+        raise PeerCacheError(f"{tree.key} from {tree.wheel} has tree sha256 {got}, "
+                             f"pinned {tree.tree_sha256}")
+    manifest = {"package": tree.package, "version": tree.version, "wheel": tree.wheel,
+                "wheel_sha256": tree.wheel_sha256, "tree_sha256": got,
+                "files": [{"path": p, "sha256": s} for p, s in sorted(entries.items())]}
+    _write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return f"{tree.key}: cached {len(entries)} file(s) from {tree.wheel}"

@@ -1,51 +1,98 @@
 """FlashInfer's in-place RoPE (``flashinfer.rope.apply_rope_with_cos_sin_cache_inplace``).
 
-Used only where the ``flashinfer-python`` package is installed and runs on this
-device (it JIT-compiles CUDA kernels); otherwise absent, with the reason in
-``peer_status``. Interleaved pairs (``is_neox=False``), q and k in one launch, in
-place on the strided q/k slices of the packed qkv. FlashInfer takes a fp32
-(max_pos, rotary_dim) cache (cos half, then sin half) and int positions; building
-them from freqs_cis is part of each call here (an engine would build them once per
-forward: 2 of the 3 launches).
+Interleaved pairs (``is_neox=False``), q and k in one launch, in place on the strided
+q/k slices of the packed qkv. FlashInfer takes a fp32 (max_pos, rotary_dim) cache
+(cos half, then sin half: ``cat(freqs_cis.real, freqs_cis.imag)``) and int64
+positions; an engine builds them once per forward (SGLang's Kimi-K2.5 tower builds
+exactly this cache), so they are built once per freqs_cis (``prepared_per_freqs``)
+and the timed call is the one kernel a layer runs.
+
+The code is FlashInfer's own: the installed ``flashinfer-python`` where there is one,
+else the files of the pinned 0.7.4 wheel that ``import flashinfer.rope`` and its JIT
+build need (``cache.TREES["flashinfer_rope"]``, under 1 MB of the 101 MB wheel),
+imported under FlashInfer's module names with the package ``__init__`` files (which
+import every kernel family) skipped. The module "rope" is JIT-compiled from the
+wheel's ``data/csrc/rope.cu`` with nvcc through apache-tvm-ffi at first use; the
+vendored CCCL/CUTLASS/spdlog headers are not carried: the rope sources include only
+FlashInfer's own headers and the CUDA toolkit's. Needs CUDA, nvcc, ninja,
+apache-tvm-ffi and nvidia-ml-py (``import pynvml`` in flashinfer/utils.py).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+import types
 from pathlib import Path
 
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_writable_in_place
-from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
+from rope_kernels.peers.cache import (TREES, installed_cuda_peer, installed_version, load_tree,
+                                      package_module, sha256_file)
+from rope_kernels.peers.prepared import prepared_per_freqs
 
 PACKAGE = "flashinfer-python"
-PINNED_VERSION = "0.7.2.post1"
+TREE = TREES["flashinfer_rope"]
+PINNED_VERSION = TREE.version
 ENTRY_FILE = "flashinfer/rope.py"
+
+
+@functools.cache
+def source() -> tuple[str, str, str, types.ModuleType]:
+    """(version, sha256, origin, flashinfer.rope module).
+
+    An installed flashinfer-python is used as it is (its version and rope.py's
+    sha256 go into the rows); otherwise the pinned tree from the cache, whose sha256
+    is the tree's digest. Refuses when another flashinfer is already imported."""
+    version = installed_version(PACKAGE)
+    if version is not None:
+        import flashinfer.rope
+
+        return version, sha256_file(Path(flashinfer.rope.__file__)), "installed", flashinfer.rope
+    if "flashinfer" in sys.modules:
+        raise RuntimeError("another flashinfer is imported in this process; cannot load the "
+                           f"pinned flashinfer {PINNED_VERSION} tree beside it")
+    cached = load_tree(TREE)
+    sys.modules.update({name: package_module(name, cached.root.joinpath(*name.split(".")))
+                        for name in ("flashinfer", "flashinfer.jit")})
+    sys.modules["flashinfer"].jit = sys.modules["flashinfer.jit"]
+    try:
+        rope = importlib.import_module("flashinfer.rope")
+    except BaseException:
+        for name in [n for n in sys.modules if n == "flashinfer" or n.startswith("flashinfer.")]:
+            del sys.modules[name]
+        raise
+    return PINNED_VERSION, cached.sha256, "cache", rope
+
+
+def _cos_sin_cache(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    cache = torch.cat((freqs_cis.real, freqs_cis.imag), dim=-1)
+    positions = torch.arange(freqs_cis.shape[0], device=freqs_cis.device, dtype=torch.int64)
+    return cache, positions
 
 
 def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
                     freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate xq and xk in place with FlashInfer; returns them."""
-    from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
-
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     check_writable_in_place(xq, xk)
-    cache = torch.cat((freqs_cis.real, freqs_cis.imag), dim=-1)
-    positions = torch.arange(xq.shape[0], device=xq.device, dtype=torch.int64)
-    apply_rope_with_cos_sin_cache_inplace(positions, xq, xk, xq.shape[-1], cache, is_neox=False)
+    cache, positions = prepared_per_freqs(freqs_cis, "flashinfer", _cos_sin_cache)
+    source()[3].apply_rope_with_cos_sin_cache_inplace(positions, xq, xk, xq.shape[-1], cache,
+                                                      is_neox=False)
     return xq, xk
 
 
 @functools.cache
 def availability() -> tuple[bool, str]:
-    """(runs here, why not): installed, a CUDA device, and a tiny call that matches float64."""
-    return installed_cuda_peer("flashinfer", PACKAGE, PINNED_VERSION, flashinfer_rope, why="CUDA only")
-
-
-def source() -> tuple[str, str]:
-    """(version, sha256 of flashinfer/rope.py) of the installed package."""
-    import flashinfer.rope
-
-    return installed_version(PACKAGE) or "", sha256_file(Path(flashinfer.rope.__file__))
+    """(runs here, why not): FlashInfer's files, a CUDA device, and a tiny call that
+    builds the kernel and matches float64."""
+    try:
+        source()
+    except Exception as exc:  # noqa: BLE001 - absent, with the reason
+        return False, (f"flashinfer {PINNED_VERSION} rope cannot load: "
+                       f"{type(exc).__name__}: {exc}")
+    return installed_cuda_peer("flashinfer", PACKAGE, PINNED_VERSION, flashinfer_rope,
+                               why="CUDA only, JIT through tvm-ffi")

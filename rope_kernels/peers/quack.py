@@ -1,10 +1,19 @@
-"""QuACK's rotary (``quack.rotary.apply_rotary_emb_qkv_``, CuTe DSL), in place on packed qkv.
+"""QuACK 0.6.5's rotary (``quack/rotary.py``, CuTe DSL), run from the installed package.
 
-Used only where ``quack-kernels`` (and its ``nvidia-cutlass-dsl``) is installed and
-runs on this device; otherwise absent, with the reason in ``peer_status``.
-Interleaved pairs, q and k of a (batch, T, 3, H, D) qkv in one call. QuACK wants
-cos/sin with a unit last stride, so the strided views of freqs_cis are copied
-first (2 of the 3 launches).
+- ``quack_qkv``: ``apply_rotary_emb_qkv_(qkv.view(1, T, 3, H, D), cos, sin,
+  interleaved=True)``, in place on the packed qkv, q and k in one launch, under
+  ``torch.no_grad()`` (QuACK's inference fast path: no autograd Function).
+- ``quack_rotary``: QuACK's out-of-place ``apply_rotary(x, cos, sin,
+  interleaved=True)`` on the (1, T, 2H, D) q|k view of the packed qkv: one launch
+  reads q and k and writes both into one new buffer (q and k are returned as its
+  halves), the like-for-like row beside our out-of-place ``fused``.
+
+Both take fp32 cos and sin of shape (T, D/2) with a unit last stride: the real and
+imaginary parts of freqs_cis, copied once per freqs_cis (``prepared_per_freqs``), as
+an engine builds them once per forward. Used where ``quack-kernels`` (with
+``nvidia-cutlass-dsl``) is installed and runs on this device (on an air-gapped GPU
+node: ``tools/device_setup.sh``); otherwise absent, with the reason in ``peer_status``.
+The first call per shape family compiles (seconds).
 """
 
 from __future__ import annotations
@@ -15,35 +24,51 @@ from pathlib import Path
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
-from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
+from rope_kernels.peers.prepared import prepared_per_freqs
 from rope_kernels.peers.vllm import packed_qkv_of
 
 PACKAGE = "quack-kernels"
 PINNED_VERSION = "0.6.5"
 
 
-def quack_packed(qkv, freqs_cis, cos, sin):
+def _cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return freqs_cis.real.contiguous(), freqs_cis.imag.contiguous()
+
+
+def quack_qkv_packed(qkv, freqs_cis, cos=None, sin=None):
     """Rotate the packed (T, 3, H, D) qkv in place; returns its q, k, v."""
     from quack.rotary import apply_rotary_emb_qkv_
 
-    apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos.contiguous(), sin.contiguous(), interleaved=True)
+    cos, sin = prepared_per_freqs(freqs_cis, "quack", _cos_sin)
+    with torch.no_grad():
+        apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos, sin, interleaved=True)
     return qkv.unbind(1)
 
 
-def quack_rope(xq: torch.Tensor, xk: torch.Tensor,
-               freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quack_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
+                   freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """QuACK on the packed qkv that xq/xk slice; returns xq, xk rotated in place."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
-    quack_packed(packed_qkv_of(xq, xk, "quack"), freqs_cis, *cos_sin_views(freqs_cis))
+    quack_qkv_packed(packed_qkv_of(xq, xk, "quack_qkv"), freqs_cis)
     return xq, xk
 
 
-@functools.cache
-def availability() -> tuple[bool, str]:
-    """(runs here, why not): installed, a CUDA device, and a tiny call that matches float64."""
-    return installed_cuda_peer("quack", PACKAGE, PINNED_VERSION, quack_rope, why="CUDA only, CuTe DSL")
+def quack_rotary_rope(xq: torch.Tensor, xk: torch.Tensor,
+                      freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuACK's out-of-place ``apply_rotary`` on the q|k view of the packed qkv that
+    xq/xk slice: one launch; returns new q and k (halves of one (T, 2H, D) buffer)."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    qkv = packed_qkv_of(xq, xk, "quack_rotary")
+    from quack.rotary import apply_rotary
+
+    tokens, _, heads, head_dim = qkv.shape
+    qk = qkv[:, :2].reshape(1, tokens, 2 * heads, head_dim)  # a view: (3HD, D, 1) strides
+    cos, sin = prepared_per_freqs(freqs_cis, "quack", _cos_sin)
+    out = apply_rotary(qk, cos, sin, interleaved=True)[0]
+    return out[:, :heads], out[:, heads:]
 
 
 def source() -> tuple[str, str]:
@@ -51,3 +76,13 @@ def source() -> tuple[str, str]:
     import quack.rotary
 
     return installed_version(PACKAGE) or "", sha256_file(Path(quack.rotary.__file__))
+
+
+@functools.cache
+def availability(name: str = "quack_qkv") -> tuple[bool, str]:
+    """(runs here, why not) for ``quack_qkv`` or ``quack_rotary``: installed, a CUDA
+    device, and a tiny call that matches float64."""
+    fn, inplace = {"quack_qkv": (quack_qkv_rope, True),
+                   "quack_rotary": (quack_rotary_rope, False)}[name]
+    return installed_cuda_peer("quack", PACKAGE, PINNED_VERSION, fn,
+                               why="CUDA only, CuTe DSL", inplace=inplace)
