@@ -1,9 +1,10 @@
-"""Command line: ``python -m rope_kernels {run,wheelhouse,peers,refresh-notebooks,index,submit,
-compile-matrix,targets,findings}``."""
+"""Command line: ``python -m rope_kernels {run,wheelhouse,carry,peers,refresh-notebooks,index,
+submit,compile-matrix,targets,findings}``."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +37,26 @@ def _wheelhouse(args) -> int:
             print(f"rope-study: error: peer files: {exc}", file=sys.stderr)
             return 2
         print(f"peer files in {peers_dir()} (a few KB, git-ignored): copy them to the node too")
+    return 0
+
+
+def _carry(args) -> int:
+    from rope_kernels.peers.cache import PeerCacheError, fetch_all
+    from rope_kernels.study.carry import CARRY_DIR, CarryError, build_bundles, main_sizes
+
+    try:
+        for line in fetch_all():  # .peers travels with bundle b
+            print(line)
+        out = args.out or CARRY_DIR
+        build_bundles(out)
+    except (CarryError, PeerCacheError, OSError, subprocess.CalledProcessError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    print(main_sizes(out))
+    print("call 1 (carry .carry/a): bash tools/device_setup.sh stage\n"
+          "call 2 (carry .carry/b and .peers, started right after): "
+          "bash tools/device_setup.sh install; then, in every later call: "
+          "export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages")
     return 0
 
 
@@ -228,11 +249,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip liger-kernel and the engines' peer files")
     w.set_defaults(func=_wheelhouse)
 
+    ca = sub.add_parser("carry", help="pack the CUDA peers' wheels and the toolchain into two "
+                        "bundles for an air-gapped GPU node (.carry/a, .carry/b; "
+                        "tools/device_setup.sh installs them there)")
+    ca.add_argument("--out", type=Path, default=None,
+                    help="folder for the bundles (default: .carry/ in the repository)")
+    ca.set_defaults(func=_carry)
+
     pe = sub.add_parser("peers", help="cache the engines' pinned peer files, or list which peers run")
     pe.add_argument("action", choices=["fetch", "status"],
-                    help="fetch: download the pinned vLLM/SGLang wheels once and keep only the "
-                         "files the peers run (.peers/ or $ROPE_PEERS_DIR); status: which peers "
-                         "run here and why the others do not")
+                    help="fetch: download the pinned vLLM/SGLang/FlashInfer wheels once and keep "
+                         "only the files the peers run (.peers/ or $ROPE_PEERS_DIR); status: which "
+                         "peers run here and why the others do not")
     pe.add_argument("--wheels", type=Path, help="a folder holding the pinned wheels (no download)")
     pe.add_argument("--force", action="store_true", help="re-fetch even when the cache is valid")
     pe.set_defaults(func=_peers)

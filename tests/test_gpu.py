@@ -100,3 +100,60 @@ def test_compiled_does_not_fall_back_past_the_recompile_limit():
         assert res.passed, res
     kernels = profile_call(VARIANTS["compiled"], (xq, xk, f))
     assert len(kernels) == VARIANTS["compiled"].launches  # eager would launch several
+
+
+# -- the CUDA-only peers (JIT through tvm-ffi, CuTe DSL): each wrapper against float64 --
+CUDA_PEERS = ("sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")
+
+
+def _cuda_peer(name):
+    from rope_kernels.variants import peer_status
+
+    if name not in VARIANTS:
+        why = {r["name"]: r["reason"] for r in peer_status()}.get(name, "not registered")
+        pytest.skip(f"{name} absent here: {why}")
+    return VARIANTS[name]
+
+
+@pytest.mark.parametrize("name", CUDA_PEERS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(21904, 16, 72), (5476, 2, 72), (4099, 12, 128), (7, 3, 72)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cuda_peer_matches_float64(name, dtype, shape):
+    res = check_variant(_cuda_peer(name), tokens=shape[0], heads=shape[1], head_dim=shape[2],
+                        dtype=dtype, device="cuda")
+    assert res.passed, res
+
+
+@pytest.mark.parametrize("name", CUDA_PEERS)
+def test_cuda_peer_packed_call_rotates_like_the_reference(name):
+    v = _cuda_peer(name)
+    inp = make_inputs(4096, 16, 72, torch.bfloat16, "cuda")
+    ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
+    nat = native_rope(inp.xq, inp.xk, inp.freqs_cis)
+    v_before = inp.qkv[:, 2].clone()
+    q, k, v_out = v.packed(inp.qkv, inp.freqs_cis, *cos_sin_views(inp.freqs_cis))
+    assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6
+    assert torch.equal(v_out, v_before)
+
+
+@pytest.mark.parametrize("name", CUDA_PEERS)
+def test_cuda_peer_replays_in_a_cuda_graph(name):
+    """Tables built once per freqs_cis before capture; replays see new q/k data."""
+    v = _cuda_peer(name)
+    inp = make_inputs(2048, 16, 72, torch.bfloat16, "cuda")
+    qkv0 = inp.qkv.clone()
+    warm_q, warm_k, _ = inp.qkv.clone().unbind(1)  # packed like the real call
+    v(warm_q, warm_k, inp.freqs_cis)  # tables built and kernels compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = v(inp.xq, inp.xk, inp.freqs_cis)
+    for _ in range(2):
+        fresh = torch.randn_like(qkv0, dtype=torch.float32).to(qkv0.dtype)
+        inp.qkv.copy_(fresh)
+        ref = rope_reference(fresh[:, 0], fresh[:, 1], inp.freqs_cis)
+        nat = native_rope(fresh[:, 0], fresh[:, 1], inp.freqs_cis)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _err(outs, ref) <= 2 * _err(nat, ref) + 1e-6

@@ -317,9 +317,33 @@ def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None
 
 def fetch_all(*, root: Path | None = None, wheels: Path | None = None,
               force: bool = False) -> list[str]:
-    """Cache every pinned engine's peer files (``python -m rope_kernels peers fetch``)."""
-    return ([fetch_pin(pin, root=root, wheels=wheels, force=force) for pin in PINS.values()]
-            + [fetch_tree(tree, root=root, wheels=wheels, force=force) for tree in TREES.values()])
+    """Cache every pinned engine's peer files and trees (``python -m rope_kernels peers
+    fetch``); a wheel that two of them need (SGLang's) is downloaded once."""
+    if wheels is None:
+        with tempfile.TemporaryDirectory(prefix="rope-peer-wheels-") as shared:
+            return _fetch_all(root, Path(shared), force, keep_downloads=True)
+    return _fetch_all(root, Path(wheels), force, keep_downloads=False)
+
+
+def _fetch_all(root, wheels: Path, force: bool, *, keep_downloads: bool) -> list[str]:
+    lines = []
+    for pin in [*PINS.values(), *TREES.values()]:
+        if isinstance(pin, PinnedWheel):
+            fetch, valid = fetch_pin, cache_valid(pin, root)
+        else:
+            fetch, valid = fetch_tree, _tree_valid(pin, root)
+        if keep_downloads and (force or not valid) and not (wheels / pin.wheel).is_file():
+            subprocess.run(pip_download_command(pin, wheels), check=True)
+        lines.append(fetch(pin, root=root, wheels=wheels, force=force))
+    return lines
+
+
+def _tree_valid(tree, root) -> bool:
+    try:
+        load_tree(tree, root)
+    except PeerCacheError:
+        return False
+    return True
 
 
 def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only",

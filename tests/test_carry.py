@@ -1,0 +1,143 @@
+"""Bundles for an air-gapped GPU node (``python -m rope_kernels carry``) and the script
+that installs them there (``tools/device_setup.sh``), on small fake wheels: no download."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rope_kernels.study import carry
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tools" / "device_setup.sh"
+
+
+def _wheel(path: Path, files: dict[str, bytes], compression=zipfile.ZIP_DEFLATED) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def fake_pins(tmp_path, monkeypatch):
+    """Two small peer wheels (one to split) and a toolchain wheel, already 'downloaded'."""
+    out = tmp_path / "repo" / ".carry"
+    peer = out / "downloads" / "peer"
+    big_files = {f"big/lib{i}.so": os.urandom(60_000) + bytes(40_000) for i in range(4)}
+    big = _wheel(peer / "big_lib-1.0-py3-none-any.whl", big_files)
+    small = _wheel(peer / "small-2.0-py3-none-any.whl", {"small/__init__.py": b"x = 1\n"})
+    _wheel(out / "downloads" / "toolchain" / "papermill-9-py3-none-any.whl", {"p.py": b""})
+    sha = carry.sha256_file
+    pins = (carry.PinnedPeerWheel("small", "2.0", small.name, sha(small)),
+            carry.PinnedPeerWheel("big-lib", "1.0", big.name, sha(big)))
+    stored = tmp_path / "stored.whl"
+    carry.repack_stored(big, stored)
+    monkeypatch.setattr(carry, "PEER_WHEELS", pins)
+    monkeypatch.setattr(carry, "SPLIT_WHEEL", "big-lib")
+    monkeypatch.setattr(carry, "SPLIT_WHEEL_STORED_SHA256", sha(stored))
+    return out, big, sha(stored)
+
+
+def test_repacked_wheel_holds_the_same_files_in_the_same_order(tmp_path):
+    files = {"a/x.py": b"print(1)\n" * 50, "a/y.bin": bytes(range(256)) * 40, "z.txt": b"z"}
+    wheel = _wheel(tmp_path / "w-1-py3-none-any.whl", files)
+    carry.repack_stored(wheel, tmp_path / "s1.whl")
+    carry.repack_stored(wheel, tmp_path / "s2.whl")
+    assert carry.sha256_file(tmp_path / "s1.whl") == carry.sha256_file(tmp_path / "s2.whl")
+    with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(tmp_path / "s1.whl") as b:
+        assert [i.filename for i in a.infolist()] == [i.filename for i in b.infolist()]
+        assert all(a.read(n) == b.read(n) for n in files)
+        assert {i.compress_type for i in b.infolist()} == {zipfile.ZIP_STORED}
+
+
+def test_bundles_fit_and_split_the_big_wheel(fake_pins):
+    out, big, stored_sha = fake_pins
+    sizes = carry.build_bundles(out, limit=10 * carry.MiB)
+    assert set(sizes) == {"a", "b"} and max(sizes.values()) <= 10 * carry.MiB
+    parts = sorted(out.glob("*/*.part-*"))
+    assert [p.parent.name for p in parts] == ["a", "b"]
+    joined = b"".join(p.read_bytes() for p in parts)
+    import lzma
+
+    assert hashlib.sha256(lzma.decompress(joined)).hexdigest() == stored_sha
+    assert (out / "b" / "small-2.0-py3-none-any.whl").is_file()
+    assert (out / "a" / "toolchain" / "papermill-9-py3-none-any.whl").is_file()
+
+
+def test_a_bundle_over_the_limit_is_refused_and_none_is_left_half_written(fake_pins):
+    out, _, _ = fake_pins
+    with pytest.raises(carry.CarryError, match="over the"):
+        carry.build_bundles(out, limit=1000)
+    assert not (out / "a").exists() and not (out / "b").exists()
+
+
+def test_a_download_that_is_not_the_pinned_wheel_is_refused(fake_pins, monkeypatch):
+    out, big, _ = fake_pins
+    big.write_bytes(big.read_bytes() + b"tampered")
+    monkeypatch.setattr(carry.subprocess, "run", lambda *a, **k: None)  # "pip" leaves it as is
+    with pytest.raises(carry.CarryError, match="pinned"):
+        carry.build_bundles(out, limit=10 * carry.MiB)
+
+
+def _device(tmp_path, out, *calls, pip_log=None, tamper=None):
+    """Run device_setup.sh as the node would: call 1 sees only bundle a, call 2 only b."""
+    root = tmp_path / "node"
+    (root / "tools").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, root / "tools" / SCRIPT.name)
+    recorder = tmp_path / "pip.sh"  # stands in for "python3 -m pip": logs its arguments
+    recorder.write_text(f'echo "$*" >> {pip_log}\n')
+    env = dict(os.environ, STAGE=str(tmp_path / "q"), SITE=str(tmp_path / "site"),
+               PIP=f"bash {recorder}")
+    results = []
+    for bundle, action in calls:
+        shutil.rmtree(root / ".carry", ignore_errors=True)
+        shutil.copytree(out / bundle, root / ".carry" / bundle)
+        (root / ".peers").mkdir(exist_ok=True)
+        if tamper and tamper[0] == bundle:
+            target = next((root / ".carry" / bundle).glob(tamper[1]))
+            data = bytearray(target.read_bytes())
+            data[len(data) // 2] ^= 1
+            target.write_bytes(bytes(data))
+        results.append(subprocess.run(["bash", "tools/device_setup.sh", action], cwd=root,
+                                      env=env, capture_output=True, text=True))
+    return results
+
+
+def test_device_script_joins_checks_and_installs(fake_pins, tmp_path):
+    out, big, stored_sha = fake_pins
+    carry.build_bundles(out, limit=10 * carry.MiB)
+    log = tmp_path / "pip.log"
+    stage, install = _device(tmp_path, out, ("a", "stage"), ("b", "install"), pip_log=log)
+    assert stage.returncode == 0, stage.stderr
+    assert install.returncode == 0, install.stderr
+    assert carry.sha256_file(tmp_path / "q" / big.name) == stored_sha
+    lines = log.read_text().splitlines()
+    assert f"--target {tmp_path / 'site'}" in lines[0] and big.name in lines[0]
+    assert "papermill" in lines[1] and "liger-kernel" in lines[2]
+    assert "export PYTHONPATH=" in install.stdout and "dsl_packages" in install.stdout
+
+
+@pytest.mark.parametrize("tamper", [("a", "*.part-aa"), ("b", "*.part-ab"),
+                                    ("b", "small-*.whl")], ids=lambda t: t[1])
+def test_device_script_refuses_a_changed_file(fake_pins, tmp_path, tamper):
+    out, _, _ = fake_pins
+    carry.build_bundles(out, limit=10 * carry.MiB)
+    log = tmp_path / "pip.log"
+    stage, install = _device(tmp_path, out, ("a", "stage"), ("b", "install"), pip_log=log,
+                             tamper=tamper)
+    failed = stage if tamper[0] == "a" else install
+    assert failed.returncode != 0 and "FAILED" in failed.stderr + failed.stdout
+    assert not log.exists()  # nothing installed
+
+
+def test_install_without_a_staged_bundle_says_so(fake_pins, tmp_path):
+    out, _, _ = fake_pins
+    carry.build_bundles(out, limit=10 * carry.MiB)
+    (install,) = _device(tmp_path, out, ("b", "install"))
+    assert install.returncode == 2 and "run 'stage'" in install.stderr

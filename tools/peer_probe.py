@@ -1,0 +1,87 @@
+"""First device call after tools/device_setup.sh: do the CUDA peers build, agree with
+float64 and run? Checks SGLang's Kimi-K2.5 path, FlashInfer, QuACK (in place and out of
+place) and the fused-kernel launch candidates against float64, then times them once at
+21904 x 16 x 72 (bf16, CUDA graphs, cold L2, shuffled rounds) beside fused and
+fused_inplace, and prints one table. A step that fails prints why and the rest go on.
+Writes $OUT/peer_probe.csv (or ./probe-out). About 2-4 minutes on an H200 (first JIT
+builds: 10-60 s).
+
+    eval "$(bash tools/device_setup.sh env)"; python tools/peer_probe.py [TOKENS HEADS HEAD_DIM]
+"""
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+t_start = time.time()
+out = Path(os.environ.get("OUT", "probe-out"))
+out.mkdir(parents=True, exist_ok=True)
+pd.set_option("display.width", 250)
+
+from rope_kernels.bench.correctness import check_variant  # noqa: E402
+from rope_kernels.bench.microbench import Shape, bench_shape  # noqa: E402
+from rope_kernels.bench.timing import copy_bandwidth_gbps  # noqa: E402
+from rope_kernels.study.devices import provenance  # noqa: E402
+from rope_kernels.variants import VARIANTS, peer_status  # noqa: E402
+
+tokens, heads, head_dim = (int(a) for a in (sys.argv[1:4] if len(sys.argv) >= 4 else (21904, 16, 72)))
+device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of this script
+print(provenance(), flush=True)
+print(f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", flush=True)
+for row in peer_status():  # loads every peer: JIT builds happen here
+    where = f"{row['package']} {row['version']} ({row['origin']}) {row['sha256'][:12]}"
+    print(f"{row['name']:<18} {'ran' if row['available'] else 'absent':<7} "
+          f"{where if row['available'] else row['reason']}", flush=True)
+print(f"peers loaded in {time.time() - t_start:.0f} s", flush=True)
+
+wanted = ["fused", "fused_inplace", "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary",
+          "sglang_vision", "vllm_packed_qk"]
+wanted += [n for n in VARIANTS if n.startswith("fused_") and n not in wanted]  # candidates
+names = [n for n in wanted if n in VARIANTS]
+rows = {}
+for name in names:
+    extra = ((4099, 12, 128), (7, 3, 72)) if device == "cuda" else ((7, 3, 72),)
+    for shape in ((tokens, heads, head_dim), *extra):
+        try:
+            res = check_variant(VARIANTS[name], tokens=shape[0], heads=shape[1],
+                                head_dim=shape[2], dtype=torch.bfloat16, device=device)
+            ok, err = res.passed, res.max_abs_err / res.tolerance if res.tolerance else float("nan")
+            why = "" if ok else f"error {res.max_abs_err:.3g} > tol {res.tolerance:.3g}, intact={res.inputs_intact}"
+        except Exception as exc:  # noqa: BLE001
+            ok, err, why = False, float("nan"), f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        key = "x".join(map(str, shape))
+        rows.setdefault(name, {})[f"f64_{key}"] = "ok" if ok else f"FAIL {why}"[:80]
+        rows[name][f"err/tol_{key}"] = round(err, 3)
+print(f"checks done at {time.time() - t_start:.0f} s", flush=True)
+
+copy = copy_bandwidth_gbps(device)
+good = [n for n in names if rows[n][f"f64_{tokens}x{heads}x{head_dim}"] == "ok"]
+try:
+    timed = bench_shape([VARIANTS[n] for n in good], Shape(tokens, heads, head_dim),
+                        torch.bfloat16, ["cudagraph" if device == "cuda" else "eager"],
+                        device=device, copy_gbps=copy,
+                        samples=10, rounds=3)
+    for r in timed:
+        rows[r["variant"]].update(median_us=r["median_us"], p20_us=r["p20_us"],
+                                  p80_us=r["p80_us"], pct_of_copy=r["pct_of_copy"])
+except Exception:  # noqa: BLE001
+    traceback.print_exc()
+table = pd.DataFrame.from_dict(rows, orient="index")
+for name in table.index:
+    v = VARIANTS[name]
+    table.loc[name, "in_place"] = v.inplace
+    table.loc[name, "launches"] = v.launches
+    table.loc[name, "peer"] = f"{v.peer_package} {v.peer_version} {v.peer_sha256[:12]}".strip()
+if "median_us" in table and "fused" in table.index:
+    table["time_vs_fused"] = table["median_us"] / table.loc["fused", "median_us"]
+    table["time_vs_fused_inplace"] = table["median_us"] / table.loc["fused_inplace", "median_us"]
+print(f"copy ceiling {copy:.0f} GB/s; {tokens} x {heads} x {head_dim} bf16, cudagraph, cold L2")
+print(table.round(3).to_string())
+table.assign(**provenance()).to_csv(out / "peer_probe.csv")
+print(f"probe done in {time.time() - t_start:.0f} s", flush=True)
