@@ -16,7 +16,7 @@ import math
 # or not: this project's own implementations, then other people's code.
 OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
 PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
-                 "flashinfer", "quack")
+                 "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")
 KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
 # The encoder also knows "none" (RoPE skipped: the floor) and "gemm_epilogue" (q
 # and k rotated inside the QKV projection's epilogue, no RoPE step at all).

@@ -135,6 +135,10 @@ def test_peer_status_lists_every_peer_with_a_reason():
     if not torch.cuda.is_available():
         for name in CUDA_PEERS:
             assert not rows[name]["available"] and name not in VARIANTS, rows[name]
+    from rope_kernels.variants import KNOWN_VARIANTS
+
+    # a peer absent here is still a name the parameters and the GPU registry accept
+    assert set(rows) <= set(KNOWN_VARIANTS), set(rows) - set(KNOWN_VARIANTS)
 
 
 # -- the cache -------------------------------------------------------------------
