@@ -12,10 +12,10 @@ else the files of the pinned 0.7.4 wheel that ``import flashinfer.rope`` and its
 build need (``cache.TREES["flashinfer_rope"]``, under 1 MB of the 101 MB wheel),
 imported under FlashInfer's module names with the package ``__init__`` files (which
 import every kernel family) skipped. The module "rope" is JIT-compiled from the
-wheel's ``data/csrc/rope.cu`` with nvcc through apache-tvm-ffi at first use; the
-vendored CCCL/CUTLASS/spdlog headers are not carried: the rope sources include only
-FlashInfer's own headers and the CUDA toolkit's. Needs CUDA, nvcc, ninja,
-apache-tvm-ffi and nvidia-ml-py (``import pynvml`` in flashinfer/utils.py).
+wheel's ``data/csrc/rope.cu`` with the CUDA compiler through apache-tvm-ffi at first
+use; the vendored CCCL/CUTLASS/spdlog headers are not carried: the rope sources
+include only FlashInfer's own headers and the CUDA toolkit's. Needs CUDA, the CUDA
+compiler, ninja, apache-tvm-ffi and nvidia-ml-py (flashinfer/utils.py imports it).
 """
 
 from __future__ import annotations

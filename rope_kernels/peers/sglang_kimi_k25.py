@@ -19,7 +19,7 @@ ops/attention/{rope,vision_rope}.py). What the full package would add on import 
 replaced by three small shims (``sglang.srt.environ.envs`` with SGLang's defaults,
 ``sglang.srt.utils.common``, ``sglang.srt.utils.custom_op.register_custom_op`` as a
 plain decorator); package ``__init__`` files that would import the whole of SGLang
-are skipped. Needs CUDA, nvcc and ninja (the build) and apache-tvm-ffi.
+are skipped. Needs CUDA, the CUDA compiler and ninja (the build) and apache-tvm-ffi.
 """
 
 from __future__ import annotations
