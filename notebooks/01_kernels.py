@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from rope_kernels import VARIANTS, cos_sin_views, native_rope
-from rope_kernels.bench.correctness import check_variant
+from rope_kernels.correctness import check_variant
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 from rope_kernels.bench.timing import time_fn
 from rope_kernels.kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config

@@ -12,7 +12,7 @@ from pathlib import Path
 def _wheelhouse(args) -> int:
     import subprocess
 
-    from rope_kernels.study.wheelhouse import build_wheelhouse
+    from rope_kernels.wheelhouse import build_wheelhouse
 
     try:
         wheels = build_wheelhouse(Path(args.out), args.python, args.platform,

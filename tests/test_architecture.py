@@ -82,3 +82,117 @@ else:
 """)
     if not got["skipped"]:
         assert got["interpret"] == "1" and got["enabled"] and got["patched"] and got["same"]
+
+
+# -- layers ------------------------------------------------------------------------------
+# Who may import whom, lowest first. A module may import its own layer and the ones
+# below it, never one above: kernels know nothing of peers, bench or the study; the
+# study runs notebooks (which import bench) but does not import bench itself.
+LAYERS = {
+    "rope_kernels.vocabulary": 0, "rope_kernels.provenance": 0, "rope_kernels.atomic_io": 0,
+    "rope_kernels.wheelhouse": 0,
+    "rope_kernels.kernels": 1,
+    "rope_kernels.correctness": 2,
+    "rope_kernels.peers": 3,
+    "rope_kernels.variants": 4,
+    "rope_kernels.bench": 5,
+}
+STUDY = "rope_kernels.study"
+# Imports into the study from below that remain, each with why (new ones fail the test).
+STUDY_EXCEPTIONS = {
+    ("rope_kernels.study.runner", "rope_kernels.peers.cache"):
+        "export_peers_dir: the runner hands the resolved peer cache to notebook kernels",
+    ("rope_kernels.study.targets", "rope_kernels.bench.timing"):
+        "median_p20_p80 for paired gains (targets.py, issue 16's module)",
+    ("rope_kernels.study.targets", "rope_kernels.bench.encoder_bench"):
+        "rope_minimal_ms: the encoder's RoPE minimum (targets.py)",
+    ("rope_kernels.study.targets", "rope_kernels.bench.vit"):
+        "EncoderConfig for that minimum (targets.py)",
+}
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> every rope_kernels module it imports (at the top or inside a function)."""
+    import ast
+
+    graph = {}
+    for path in sorted((ROOT / "rope_kernels").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("rope_kernels")}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rope_kernels"):
+                targets.add(node.module)
+                # "from rope_kernels.x import y": y may be a submodule
+                targets |= {f"{node.module}.{a.name}" for a in node.names
+                            if (ROOT / Path(*f"{node.module}.{a.name}".split("."))).with_suffix(".py").exists()}
+        graph[name] = targets
+    return graph
+
+
+def _layer(module: str) -> int | None:
+    for prefix, layer in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return None
+
+
+def test_layers_hold():
+    """No import from a higher layer into a lower one, none from bench/kernels/peers
+    into the study (beyond the listed exceptions), and nothing imports the command
+    line (study/submit.py did: a circle through rope_kernels.__main__)."""
+    problems = []
+    for module, targets in _imports().items():
+        for target in targets:
+            if target == "rope_kernels.__main__":
+                problems.append(f"{module} imports the command line")
+            mine, theirs = _layer(module), _layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                problems.append(f"{module} (layer {mine}) imports {target} (layer {theirs})")
+            if mine is not None and target.startswith(STUDY):
+                problems.append(f"{module} imports the study ({target})")
+            if module.startswith(STUDY) and theirs is not None and theirs in (1, 2, 3, 5):
+                if (module, target) not in STUDY_EXCEPTIONS:
+                    problems.append(f"{module} imports {target}")
+    assert not problems, "\n".join(sorted(problems))
+
+
+def test_no_import_cycle_at_module_level():
+    import ast
+
+    graph = {}
+    for path in sorted((ROOT / "rope_kernels").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        tree = ast.parse(path.read_text())
+        graph[name] = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)
+                       and (n.module or "").startswith("rope_kernels")} | {
+            a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
+            if a.name.startswith("rope_kernels")}
+    state: dict[str, int] = {}
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                raise AssertionError(" -> ".join(stack[stack.index(nxt):] + [nxt])
+                                     if nxt in stack else f"{node} -> {nxt}")
+            if nxt in graph and not state.get(nxt):
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in graph:
+        if not state.get(node):
+            visit(node, [node])
+
+
+def test_a_slurm_task_runs_the_runner_as_a_command(tmp_path):
+    """run_task starts ``python -m rope_kernels run ...`` and records its exit status
+    and last error line (it used to import the command line in-process)."""
+    from rope_kernels.study.submit import run_task
+
+    rc = run_task(tmp_path, 0, ["run", "--device", "cpu", "-p", "sampels=3"])
+    record = json.loads((tmp_path / "tasks" / "0.json").read_text())
+    assert rc == 2 and record["rc"] == 2 and "sampels" in record["error"]

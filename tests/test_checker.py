@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from rope_kernels import cos_sin_views, native_rope
-from rope_kernels.bench.correctness import check_variant
+from rope_kernels.correctness import check_variant
 from rope_kernels.kernels.reference import rope_cos_sin
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, rope_reference
-from rope_kernels.bench.correctness import check_variant, make_inputs
+from rope_kernels.correctness import check_variant, make_inputs
 from rope_kernels.kernels.fused import _fused_qk_rope_kernel
 from rope_kernels.bench.microbench import Shape, make_arg_sets
 

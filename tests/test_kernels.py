@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, rope_reference
-from rope_kernels.bench.correctness import check_variant, make_inputs
+from rope_kernels.correctness import check_variant, make_inputs
 from rope_kernels.kernels.fused import (FusedConfig, fused_grid, fused_launch_config, head_dim_chunks,
                                 vector_width)
 from rope_kernels.bench.launches import count_launches

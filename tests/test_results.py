@@ -6,6 +6,7 @@ import os
 import pandas as pd
 import pytest
 
+from rope_kernels import atomic_io
 from rope_kernels.study import results
 from rope_kernels.study.results import MICROBENCH_KEY, upsert_csv, write_atomic
 
@@ -44,7 +45,7 @@ def test_crash_during_write_leaves_the_old_file(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk vanished")
 
-    monkeypatch.setattr(results.os, "replace", broken_replace)
+    monkeypatch.setattr(atomic_io.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk vanished"):
         upsert_csv(path, [row(median=9.0), row("native")], MICROBENCH_KEY)
     assert path.read_text() == before
@@ -58,7 +59,7 @@ def test_crash_while_writing_leaves_the_old_file(tmp_path, monkeypatch):
     def dying_fsync(fd):
         raise KeyboardInterrupt  # the run is killed halfway through writing
 
-    monkeypatch.setattr(results.os, "fsync", dying_fsync)
+    monkeypatch.setattr(atomic_io.os, "fsync", dying_fsync)
     with pytest.raises(KeyboardInterrupt):
         write_atomic(path, "new " * 10000)
     assert path.read_text() == "old"

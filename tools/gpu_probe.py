@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rope_kernels.study.devices import provenance
+from rope_kernels.provenance import provenance
 from rope_kernels.kernels.fused import FusedConfig, fused_launch_config
 from rope_kernels.bench.microbench import (Shape, fused_config_grid, run_microbench,
                                      sweep_fused_configs)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rope_kernels.bench.correctness import _max_abs  # noqa: E402
+from rope_kernels.correctness import _max_abs  # noqa: E402
 from rope_kernels.bench.timing import time_fn  # noqa: E402
 from rope_kernels.kernels import qkv_gemm  # noqa: E402
 from rope_kernels.kernels.freqs import (vision_freqs_cis, vision_patch_coords,  # noqa: E402

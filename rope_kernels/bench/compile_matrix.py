@@ -39,7 +39,7 @@ from unittest import mock
 import pandas as pd
 import torch
 
-from rope_kernels.study.devices import REPO_ROOT
+from rope_kernels.provenance import REPO_ROOT
 
 COMPILE_MATRIX_CSV = REPO_ROOT / "data" / "compile" / "compile_matrix.csv"
 
@@ -222,7 +222,7 @@ def compile_matrix(kernels: Sequence[KernelEntry] = KERNELS,
                    targets: Sequence[Target] = TARGETS, log=print) -> pd.DataFrame:
     """One row per kernel x shape x dtype x target; a failed compile is a row with
     ``compiled`` False and the compiler's message, not an exception."""
-    from rope_kernels.study.devices import git_commit, triton_version
+    from rope_kernels.provenance import git_commit, triton_version
 
     provenance = {"triton_version": triton_version(), "torch_version": torch.__version__,
                   "git_commit": git_commit()}
@@ -301,7 +301,7 @@ def compile_matrix_table(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rope_kernels.study.results import write_atomic
+    from rope_kernels.atomic_io import write_atomic
 
     argv = sys.argv[1:] if argv is None else argv
     csv_path = Path(argv[0]) if argv else COMPILE_MATRIX_CSV

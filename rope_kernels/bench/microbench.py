@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from rope_kernels.study.devices import provenance
+from rope_kernels.provenance import provenance
 from rope_kernels.bench.same_bytes_copy import same_bytes_copy, same_bytes_copy_inplace
 from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
 from rope_kernels.variants import Variant, get_variant

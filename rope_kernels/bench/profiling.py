@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from rope_kernels.study.results import write_atomic
+from rope_kernels.atomic_io import write_atomic
 
 
 def _device_time_us(evt) -> float:

@@ -32,7 +32,7 @@ from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vi
 from rope_kernels.kernels.fused import fused_qk_rope
 from rope_kernels.kernels.qkv_gemm import qkv_rope_linear, qkv_rope_linear_angles
 from rope_kernels.kernels.reference import cos_sin_views, rope_cos_sin
-from rope_kernels.study.devices import provenance
+from rope_kernels.provenance import provenance
 
 QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune",
                 "qkv_rope_linear", "qkv_rope_linear_angles")

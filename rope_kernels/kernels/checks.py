@@ -249,3 +249,22 @@ def triton_interpreter_enabled() -> bool:
     Asks Triton itself, through a kernel defined here, so this module needs no
     import of the kernels it guards (no import circle)."""
     return type(_probe_kernel).__name__ == "InterpretedFunction"
+
+
+def packed_qkv_of(xq: torch.Tensor, xk: torch.Tensor, who: str = "vllm_packed_qk") -> torch.Tensor:
+    """The contiguous (T, 3, H, D) buffer that xq and xk are the q and k slices of.
+
+    Packed-qkv kernels (vLLM's, QuACK's) rotate the packed buffer itself; q and k given
+    any other way (separate tensors, another layout) cannot be handed to them.
+    """
+    tokens, heads, head_dim = xq.shape
+    row = 3 * heads * head_dim
+    packed = (xq.stride() == (row, head_dim, 1) and xk.stride() == xq.stride()
+              and xq.untyped_storage().data_ptr() == xk.untyped_storage().data_ptr()
+              and xk.storage_offset() == xq.storage_offset() + heads * head_dim
+              and xq.untyped_storage().nbytes()
+              >= (xq.storage_offset() + tokens * row) * xq.element_size())
+    if not packed:
+        raise ValueError(f"{who} rotates a packed qkv in place: xq and xk must be the "
+                         "q and k slices (qkv.unbind(1)) of one contiguous (T, 3, H, D) tensor")
+    return xq.as_strided((tokens, 3, heads, head_dim), (row, heads * head_dim, head_dim, 1))

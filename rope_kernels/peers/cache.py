@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from rope_kernels.atomic_io import write_atomic
+from rope_kernels.provenance import REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -264,9 +265,11 @@ def cache_valid(pin: PinnedWheel, root: Path | None = None) -> bool:
 
 
 def pip_download_command(pin: PinnedWheel, dest: Path) -> list[str]:
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--dest", str(dest), "--python-version", pin.python, "--implementation", "cp",
-            "--platform", pin.platform, f"{pin.package}=={pin.version}"]
+    """pip download of exactly the pinned wheel (the wheelhouse's command, no dependencies)."""
+    from rope_kernels.wheelhouse import pip_download_command as wheel_download
+
+    return wheel_download(dest, pin.python, pin.platform, [f"{pin.package}=={pin.version}"],
+                          no_deps=True)
 
 
 def _obtain_wheel(pin: PinnedWheel, wheels: Path | None, tmp: Path) -> Path:
@@ -278,13 +281,6 @@ def _obtain_wheel(pin: PinnedWheel, wheels: Path | None, tmp: Path) -> Path:
         got = ", ".join(p.name for p in tmp.glob("*.whl")) or "nothing"
         raise PeerCacheError(f"pip downloaded {got}, expected {pin.wheel}")
     return wheel
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None = None,
@@ -307,11 +303,11 @@ def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None
                 got = hashlib.sha256(data).hexdigest()
                 if got != pinned:
                     raise PeerCacheError(f"{path} in {pin.wheel} has sha256 {got}, pinned {pinned}")
-                _write_atomic(folder / path, data)
+                write_atomic(folder / path, data)
                 entries.append({"path": path, "sha256": got})
     manifest = {"package": pin.package, "version": pin.version, "wheel": pin.wheel,
                 "wheel_sha256": pin.wheel_sha256, "files": entries}
-    _write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return f"{pin.key}: cached {len(entries)} file(s) from {pin.wheel}"
 
 
@@ -362,7 +358,7 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
     if not torch.cuda.is_available() or triton_interpreter_enabled():
         return False, f"{package} {pinned} loads here but needs a CUDA device ({why})"
     try:
-        from rope_kernels.bench.correctness import check_variant
+        from rope_kernels.correctness import check_variant
 
         res = check_variant(fn, tokens=8, heads=2, head_dim=72, device="cuda", inplace=inplace,
                             name=module)

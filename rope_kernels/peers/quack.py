@@ -23,10 +23,9 @@ from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, packed_qkv_of
 from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
 from rope_kernels.peers.prepared import prepared_per_freqs
-from rope_kernels.peers.vllm import packed_qkv_of
 
 PACKAGE = "quack-kernels"
 PINNED_VERSION = "0.6.5"

@@ -24,7 +24,7 @@ import types
 import torch
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
-                                         check_writes_do_not_overlap_reads,
+                                         check_writes_do_not_overlap_reads, packed_qkv_of,
                                          triton_interpreter_enabled)
 from rope_kernels.peers.cache import SourceFile, find_source, installed_version, load_module
 
@@ -72,25 +72,6 @@ def rotary_source() -> tuple[SourceFile, types.ModuleType]:
     if src.origin == "cache" and triton_interpreter_enabled():
         module.torch = _TorchOnCpu()  # only our private copy; the kernel is untouched
     return src, module
-
-
-def packed_qkv_of(xq: torch.Tensor, xk: torch.Tensor, who: str = "vllm_packed_qk") -> torch.Tensor:
-    """The contiguous (T, 3, H, D) buffer that xq and xk are the q and k slices of.
-
-    Packed-qkv kernels (vLLM's, QuACK's) rotates the packed buffer itself; q and k given any other way
-    (separate tensors, another layout) cannot be handed to it.
-    """
-    tokens, heads, head_dim = xq.shape
-    row = 3 * heads * head_dim
-    packed = (xq.stride() == (row, head_dim, 1) and xk.stride() == xq.stride()
-              and xq.untyped_storage().data_ptr() == xk.untyped_storage().data_ptr()
-              and xk.storage_offset() == xq.storage_offset() + heads * head_dim
-              and xq.untyped_storage().nbytes()
-              >= (xq.storage_offset() + tokens * row) * xq.element_size())
-    if not packed:
-        raise ValueError(f"{who} rotates a packed qkv in place: xq and xk must be the "
-                         "q and k slices (qkv.unbind(1)) of one contiguous (T, 3, H, D) tensor")
-    return xq.as_strided((tokens, 3, heads, head_dim), (row, heads * head_dim, head_dim, 1))
 
 
 def _check_freqs_contiguous(freqs_cis: torch.Tensor) -> None:

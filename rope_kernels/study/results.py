@@ -22,15 +22,16 @@ import contextlib
 import csv
 import fcntl
 import io
-import os
 import re
-import stat
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+
+# Atomic replacement (and its refusals) has one home, shared with bench/ and peers/.
+from rope_kernels.atomic_io import ResultFileError, check_replaceable, write_atomic  # noqa: F401
 
 # Every result file's key and declared migrations live in the notebook specs.
 from rope_kernels.study.specs import (  # noqa: F401
@@ -41,10 +42,6 @@ from rope_kernels.study.specs import (  # noqa: F401
     TTFT_KEY,
     Table,
 )
-
-
-class ResultFileError(ValueError):
-    """A result file that cannot be merged safely; nothing was written."""
 
 
 def _lock_file(path: Path) -> Path:
@@ -120,58 +117,6 @@ def check_writable_folder(folder: Path) -> None:
         raise ResultFileError(f"cannot write to {folder}: {exc.strerror or exc}; nothing was "
                               "run (make the folder writable, or run from a checkout you "
                               "own)") from None
-
-
-def check_replaceable(path: Path) -> None:
-    """Refuse to replace what a rename would silently break: a symbolic link or a
-    file with other hard links (the rename would put a new file in its place and
-    leave the target, or the other names, with the old content) or a file made
-    read-only (someone protected it)."""
-    path = Path(path)
-    if path.is_symlink():
-        raise ResultFileError(f"{path} is a symbolic link (to {os.readlink(path)}); results "
-                              "are written to regular files only: replace the link with the "
-                              "file, or write to the target's folder")
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        raise ResultFileError(f"{path} is not a regular file; nothing was written")
-    if st.st_nlink > 1:
-        raise ResultFileError(f"{path} has {st.st_nlink} hard links: replacing it would leave "
-                              "the other names with the old content; nothing was written "
-                              "(copy it to a file of its own)")
-    if not st.st_mode & 0o222 or not os.access(path, os.W_OK):
-        raise ResultFileError(f"{path} is read-only; nothing was written (make it writable "
-                              "to replace it)")
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file + fsync + rename); a
-    symbolic link or read-only file at ``path`` is refused (:func:`check_replaceable`)."""
-    path = Path(path)
-    check_replaceable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],

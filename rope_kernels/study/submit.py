@@ -357,9 +357,10 @@ def _marker(state: Path, index: int) -> Path:
 
 
 def run_task(state: Path, index: int, runner_argv: Sequence[str]) -> int:
-    """Inside an array task: mark started, run the runner, mark ended with its status."""
-    from rope_kernels.__main__ import main as cli
-    from rope_kernels.study.devices import device_name, device_slug
+    """Inside an array task: mark started, run the runner (``python -m rope_kernels
+    run ...`` in a child process: the command line stays the top of the package, no
+    import circle), mark ended with its status and its last error line."""
+    from rope_kernels.study.devices import REPO_ROOT as repo, device_name, device_slug
     from rope_kernels.study.runner import resolve_device
 
     marker = _marker(state, index)
@@ -374,12 +375,21 @@ def run_task(state: Path, index: int, runner_argv: Sequence[str]) -> int:
         record["device"] = ""
         record["device_error"] = str(exc)
     write_atomic(marker, json.dumps(record) + "\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+    last = ""
     try:
-        rc = cli(list(runner_argv))
-    except Exception as exc:  # a notebook cell raised: recorded, the task fails
-        print(f"rope-study: task {index}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        record["error"] = f"{type(exc).__name__}: {str(exc)[-300:]}"
-        rc = 1
+        with subprocess.Popen([sys.executable, "-m", "rope_kernels", *runner_argv], env=env,
+                              stderr=subprocess.PIPE, text=True, errors="replace") as proc:
+            for line in proc.stderr:  # to the task's log as it comes; the last line kept
+                sys.stderr.write(line)
+                last = line.strip() or last
+        rc = proc.returncode
+    except OSError as exc:
+        last, rc = f"{type(exc).__name__}: {exc}", 1
+    if rc != 0:  # recorded, the task fails
+        record["error"] = last[-300:] or f"exit status {rc}"
+        print(f"rope-study: task {index}: {record['error']}", file=sys.stderr)
     record.update(ended=time.time(), rc=rc)
     write_atomic(marker, json.dumps(record) + "\n")
     return rc

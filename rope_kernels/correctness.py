@@ -1,0 +1,171 @@
+"""Check any RoPE implementation against a float64 reference on fresh random data.
+
+Tolerances follow flash-attention's tests: in fp32 the error must be tiny
+(1e-5 of the output's scale); in bf16/fp16 a kernel may be at most 2x as far
+from float64 as PyTorch's own native path in the same dtype, plus a small
+floor. Inputs are random normal (never zeros) and angles random, drawn anew
+for every check, so a kernel must compute the function, not match a fixture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from rope_kernels.kernels.reference import native_rope, rope_reference
+
+FP32_REL_TOL = 1e-5
+LOWP_RATIO = 2.0
+LOWP_FLOOR = 1e-6  # relative to max|ref|
+
+
+@dataclass(frozen=True)
+class RopeInputs:
+    qkv: torch.Tensor | None  # the packed buffer when packed=True
+    xq: torch.Tensor
+    xk: torch.Tensor
+    freqs_cis: torch.Tensor
+
+
+def make_inputs(
+    tokens: int,
+    heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device="cpu",
+    *,
+    packed: bool = True,
+    seed: int | None = None,
+) -> RopeInputs:
+    """Random q/k (as views of a packed (T, 3, H, D) qkv by default) and random angles."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+    if packed:
+        qkv = torch.randn(tokens, 3, heads, head_dim, generator=gen).to(dtype).to(device)
+        xq, xk, _ = qkv.unbind(1)
+    else:
+        qkv = None
+        xq = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
+        xk = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
+    angles = (torch.rand(tokens, head_dim // 2, generator=gen) * 2 - 1) * math.pi * 64
+    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
+    return RopeInputs(qkv, xq, xk, freqs_cis)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    variant: str
+    tokens: int
+    heads: int
+    head_dim: int
+    dtype: str
+    packed: bool
+    max_abs_err: float
+    rel_err: float  # ||out - ref|| / ||ref||
+    native_max_abs_err: float
+    tolerance: float
+    inputs_intact: bool  # v untouched (in place) / q, k, v untouched (out of place)
+    passed: bool  # False where unsupported: see supported / reason
+    supported: bool = True  # False: the implementation does not take these inputs (not run)
+    reason: str = ""  # why unsupported
+    peer_package: str = ""  # provenance of someone else's code (empty for ours)
+    peer_version: str = ""
+    peer_sha256: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _max_abs(outs, refs) -> float:
+    errs = [(o.detach().double() - r).abs().max().item() for o, r in zip(outs, refs)]
+    return max(errs)
+
+
+def _rel(outs, refs) -> float:
+    num = sum(((o.detach().double() - r) ** 2).sum().item() for o, r in zip(outs, refs))
+    den = sum((r**2).sum().item() for r in refs)
+    return math.sqrt(num / den) if den > 0 else math.inf
+
+
+def check_variant(
+    fn,
+    *,
+    tokens: int,
+    heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device="cpu",
+    packed: bool = True,
+    inplace: bool | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+) -> CheckResult:
+    """Run ``fn(xq, xk, freqs_cis) -> (q, k)`` once and judge it against float64.
+
+    A registry ``Variant`` that does not take these inputs (dtype, layout) is not
+    run: the result says ``supported=False`` and why. Its peer columns are copied.
+
+    ``inplace`` (default: ``fn.inplace`` if present) says the function writes
+    into its inputs; it then gets the packed buffer's views and v must stay
+    untouched. Out-of-place functions get inputs they must not modify.
+    """
+    if inplace is None:
+        inplace = bool(getattr(fn, "inplace", False))
+    name = name or getattr(fn, "name", getattr(fn, "__name__", "custom"))
+    peer = dict(getattr(fn, "peer_columns", {}))
+    unsupported = fn.unsupported(dtype, packed=packed) if hasattr(fn, "unsupported") else ""
+    if unsupported:  # recorded, not hidden: a row that says why it was not run
+        return CheckResult(
+            variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
+            dtype=str(dtype).removeprefix("torch."), packed=packed, max_abs_err=math.nan,
+            rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
+            inputs_intact=True, passed=False, supported=False, reason=unsupported, **peer)
+    inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
+    ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
+    native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
+    native_err = _max_abs(native, ref)
+    watched = _untouchable(inp, inplace)
+    before = [t.clone() for t in watched]
+
+    _poison_allocator(inp.xq)
+    outs = fn(inp.xq, inp.xk, inp.freqs_cis)
+    if not isinstance(outs, (tuple, list)) or len(outs) != 2:
+        raise TypeError(f"{name} must return a (q, k) pair")
+    outs = tuple(outs)
+    if any(tuple(o.shape) != tuple(inp.xq.shape) or o.dtype != dtype for o in outs):
+        raise TypeError(f"{name} returned tensors of the wrong shape or dtype")
+
+    err = _max_abs(outs, ref)
+    scale = max(r.abs().max().item() for r in ref)
+    if dtype == torch.float32:
+        tol = FP32_REL_TOL * scale
+    else:
+        tol = LOWP_RATIO * native_err + LOWP_FLOOR * scale
+    untouched = all(torch.equal(a, b) for a, b in zip(watched, before))
+    passed = bool(err <= tol) and untouched and all(bool(torch.isfinite(o).all()) for o in outs)
+    return CheckResult(
+        variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
+        dtype=str(dtype).removeprefix("torch."), packed=packed,
+        max_abs_err=err, rel_err=_rel(outs, ref), native_max_abs_err=native_err,
+        tolerance=tol, inputs_intact=untouched, passed=passed, **peer,
+    )
+
+
+def _untouchable(inp: RopeInputs, inplace: bool) -> list[torch.Tensor]:
+    """What the call must leave alone: v when rotating in place, everything otherwise."""
+    if inp.qkv is not None:
+        return [inp.qkv[:, 2]] if inplace else [inp.qkv]
+    return [] if inplace else [inp.xq, inp.xk]
+
+
+def _poison_allocator(like: torch.Tensor, copies: int = 8) -> None:
+    """Leave NaN-filled blocks of the output's size in the CUDA caching allocator,
+    so an output element a kernel forgets to write reads NaN, not stale data.
+    (On the CPU freed memory is not reused predictably; tests poison ``out=``.)"""
+    if like.device.type != "cuda":
+        return
+    blocks = [torch.full(like.shape, float("nan"), dtype=like.dtype, device=like.device)
+              for _ in range(copies)]
+    del blocks
