@@ -102,6 +102,8 @@ STUDY = "rope_kernels.study"
 STUDY_EXCEPTIONS = {
     ("rope_kernels.study.runner", "rope_kernels.peers.cache"):
         "export_peers_dir: the runner hands the resolved peer cache to notebook kernels",
+    ("rope_kernels.study.carry", "rope_kernels.peers.cache"):
+        "carry packs the peer cache for an air-gapped node (peers_dir, sha256_file)",
     ("rope_kernels.study.targets", "rope_kernels.bench.timing"):
         "median_p20_p80 for paired gains (targets.py, issue 16's module)",
     ("rope_kernels.study.targets", "rope_kernels.bench.encoder_bench"):

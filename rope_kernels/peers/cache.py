@@ -524,7 +524,7 @@ def fetch_tree(tree: PinnedTree, *, root: Path | None = None, wheels: Path | Non
                     continue
                 data = zf.read(info)
                 entries[info.filename] = hashlib.sha256(data).hexdigest()
-                _write_atomic(folder / info.filename, data)
+                write_atomic(folder / info.filename, data)
     missing = [m for m in tree.members if not any(p == m or p.startswith(m) for p in entries)]
     if missing:
         raise PeerCacheError(f"{tree.wheel} has no {', '.join(missing)}")
@@ -535,5 +535,5 @@ def fetch_tree(tree: PinnedTree, *, root: Path | None = None, wheels: Path | Non
     manifest = {"package": tree.package, "version": tree.version, "wheel": tree.wheel,
                 "wheel_sha256": tree.wheel_sha256, "tree_sha256": got,
                 "files": [{"path": p, "sha256": s} for p, s in sorted(entries.items())]}
-    _write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_atomic(folder / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return f"{tree.key}: cached {len(entries)} file(s) from {tree.wheel}"
