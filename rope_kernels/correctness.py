@@ -4,12 +4,15 @@ Tolerances follow flash-attention's tests: in fp32 the error must be tiny
 (1e-5 of the output's scale); in bf16/fp16 a kernel may be at most 2x as far
 from float64 as PyTorch's own native path in the same dtype, plus a small
 floor. Inputs are random normal (never zeros) and angles random, drawn anew
-for every check, so a kernel must compute the function, not match a fixture.
+for every check, so a kernel must compute the function, not match a fixture;
+the seed they were drawn from is in every result (``CheckResult.seed``), and
+``check_variant(..., seed=that)`` draws the same inputs again.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import asdict, dataclass
 
 import torch
@@ -27,6 +30,12 @@ class RopeInputs:
     xq: torch.Tensor
     xk: torch.Tensor
     freqs_cis: torch.Tensor
+    seed: int = 0  # what they were drawn from (make_inputs(..., seed=seed) draws them again)
+
+
+def new_seed() -> int:
+    """A fresh seed for one check's inputs (from the OS; torch's global RNG untouched)."""
+    return secrets.randbits(32)
 
 
 def make_inputs(
@@ -39,9 +48,11 @@ def make_inputs(
     packed: bool = True,
     seed: int | None = None,
 ) -> RopeInputs:
-    """Random q/k (as views of a packed (T, 3, H, D) qkv by default) and random angles."""
+    """Random q/k (as views of a packed (T, 3, H, D) qkv by default) and random angles,
+    drawn from ``seed`` (a fresh one when None; recorded in the result)."""
+    seed = new_seed() if seed is None else int(seed)
     gen = torch.Generator(device="cpu")
-    gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+    gen.manual_seed(seed)
     if packed:
         qkv = torch.randn(tokens, 3, heads, head_dim, generator=gen).to(dtype).to(device)
         xq, xk, _ = qkv.unbind(1)
@@ -51,7 +62,7 @@ def make_inputs(
         xk = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
     angles = (torch.rand(tokens, head_dim // 2, generator=gen) * 2 - 1) * math.pi * 64
     freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
-    return RopeInputs(qkv, xq, xk, freqs_cis)
+    return RopeInputs(qkv, xq, xk, freqs_cis, seed)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class CheckResult:
     peer_package: str = ""  # provenance of someone else's code (empty for ours)
     peer_version: str = ""
     peer_sha256: str = ""
+    seed: int = 0  # the inputs' seed: check_variant(..., seed=seed) replays this check
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +125,7 @@ def check_variant(
     """
     if inplace is None:
         inplace = bool(getattr(fn, "inplace", False))
+    seed = new_seed() if seed is None else int(seed)
     name = name or getattr(fn, "name", getattr(fn, "__name__", "custom"))
     peer = dict(getattr(fn, "peer_columns", {}))
     unsupported = fn.unsupported(dtype, packed=packed) if hasattr(fn, "unsupported") else ""
@@ -121,7 +134,8 @@ def check_variant(
             variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
             dtype=str(dtype).removeprefix("torch."), packed=packed, max_abs_err=math.nan,
             rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
-            inputs_intact=True, passed=False, supported=False, reason=unsupported, **peer)
+            inputs_intact=True, passed=False, supported=False, reason=unsupported, **peer,
+            seed=seed)
     inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
     ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
     native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
@@ -149,7 +163,7 @@ def check_variant(
         variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
         dtype=str(dtype).removeprefix("torch."), packed=packed,
         max_abs_err=err, rel_err=_rel(outs, ref), native_max_abs_err=native_err,
-        tolerance=tol, inputs_intact=untouched, passed=passed, **peer,
+        tolerance=tol, inputs_intact=untouched, passed=passed, **peer, seed=seed,
     )
 
 

@@ -23,6 +23,20 @@ def device() -> str:
     return "cuda" if ON_GPU else "cpu"
 
 
+@pytest.fixture
+def registered():
+    """``registered(name)``: the registry's Variant, or skip with why it does not run
+    here. Tests parametrize over every known name (``vocabulary.KNOWN_VARIANTS``), so
+    their IDs are the same whatever peers are installed; absent ones skip, with why."""
+    from rope_kernels.variants import absent_reason, registry
+
+    def get(name):
+        if name not in registry():
+            pytest.skip(f"{name} does not run here: {absent_reason(name)}")
+        return registry()[name]
+    return get
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a GPU (compiled Triton, not the interpreter)")
     for item in items:

@@ -198,3 +198,61 @@ def test_a_slurm_task_runs_the_runner_as_a_command(tmp_path):
     rc = run_task(tmp_path, 0, ["run", "--device", "cpu", "-p", "sampels=3"])
     record = json.loads((tmp_path / "tasks" / "0.json").read_text())
     assert rc == 2 and record["rc"] == 2 and "sampels" in record["error"]
+
+
+def test_no_test_installs_system_packages():
+    """Tests skip (with the package to install) instead of running a package manager;
+    .ci/run installs what CI needs."""
+    import re
+
+    pattern = re.compile(r"""["'](apt-get|apt|yum|dnf|brew|conda)["']\s*,\s*["']install""")
+    offenders = [p.name for p in (ROOT / "tests").glob("*.py") if pattern.search(p.read_text())]
+    assert not offenders, offenders
+
+
+# -- the compile matrix covers every kernel the package launches ------------------------
+# Launched kernels not in compile_matrix.KERNELS yet, each with who adds it. A kernel
+# that is neither in the matrix nor here fails the test below; remove an entry once
+# its KernelEntry lands.
+COMPILE_MATRIX_PENDING = {
+    ("rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel"): "the QKV GEMM entry (issue 18 helper)",
+    ("rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel_persistent"): "the QKV GEMM entry",
+    ("rope_kernels.bench.same_bytes_copy", "_same_bytes_copy_kernel"):
+        "the SM same-bytes copy (benchmark reference, issue 16 helper)",
+}
+
+
+def _launched_triton_kernels() -> set[tuple[str, str]]:
+    """(module, name) of every ``@triton.jit`` function in rope_kernels that the package
+    launches as ``name[grid](...)`` (helpers called from kernels compile inside them)."""
+    import ast
+
+    jitted, launched = {}, set()
+    for path in sorted((ROOT / "rope_kernels").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    "triton.jit" in ast.unparse(d) or ast.unparse(d) == "jit"
+                    for d in node.decorator_list):
+                jitted[node.name] = module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
+                    isinstance(node.func.value, ast.Name):
+                launched.add(node.func.value.id)
+    return {(module, name) for name, module in jitted.items() if name in launched}
+
+
+def test_compile_matrix_covers_every_launched_kernel():
+    """Discovered from the source, not from the list the matrix is given: a new
+    kernel the package launches must get a KernelEntry (or a pending line here)."""
+    from rope_kernels.bench.compile_matrix import KERNELS
+
+    owned = _launched_triton_kernels()
+    assert ("rope_kernels.kernels.fused", "_fused_qk_rope_kernel") in owned  # discovery works
+    in_matrix = {(k.module, k.kernel) for k in KERNELS}
+    assert in_matrix <= owned, in_matrix - owned  # the matrix names real kernels
+    missing = sorted(owned - in_matrix - set(COMPILE_MATRIX_PENDING))
+    assert not missing, "not in compile_matrix.KERNELS: " + ", ".join(
+        f"{m}.{k}" for m, k in missing)

@@ -55,18 +55,41 @@ def swaps_q_and_k(xq, xk, f):
     return k, q
 
 
-def writes_into_v(xq, xk, f):  # right answer, but scribbles over its input
+def writes_into_its_k_input(xq, xk, f):  # out of place: right answer, but scribbles on xk
     q, k = native_rope(xq, xk, f)
     xk.add_(1)
     return q, k
+
+
+def _rotate_in_place(xq, xk, f):
+    q, k = native_rope(xq, xk, f)
+    xq.copy_(q)
+    xk.copy_(k)
+    return xq, xk
+
+
+def in_place(xq, xk, f):  # the correct twin of the next one: it must pass
+    return _rotate_in_place(xq, xk, f)
+
+
+def in_place_writes_into_v(xq, xk, f):  # right q and k, in place, but also scales v
+    _rotate_in_place(xq, xk, f)
+    tokens, heads, head_dim = xq.shape  # xq is qkv[:, 0]; v starts two head blocks on
+    v = xq.as_strided(xq.shape, xq.stride(), xq.storage_offset() + 2 * heads * head_dim)
+    v.mul_(2)
+    return xq, xk
+
+
+for _fn in (in_place, in_place_writes_into_v):
+    _fn.inplace = True  # check_variant then hands it the packed views, and watches v
 
 
 def uses_one_token_angle(xq, xk, f):
     return native_rope(xq, xk, f[:1].expand_as(f).contiguous())
 
 
-WRONG = [neox_triton, conjugate, skips_last_token, swaps_q_and_k, writes_into_v,
-         uses_one_token_angle]
+WRONG = [neox_triton, conjugate, skips_last_token, swaps_q_and_k, writes_into_its_k_input,
+         in_place_writes_into_v, uses_one_token_angle]
 
 
 @pytest.mark.parametrize("fn", WRONG, ids=lambda f: f.__name__)
@@ -74,6 +97,30 @@ WRONG = [neox_triton, conjugate, skips_last_token, swaps_q_and_k, writes_into_v,
 def test_wrong_kernels_are_caught(fn, dtype, device):
     res = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=dtype, device=device)
     assert not res.passed, res
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_in_place_twin_passes_and_writing_v_is_why_the_other_fails(dtype, device):
+    """The in-place negative control fails only for touching v: its twin passes, and
+    its own result has the right numbers with inputs_intact False."""
+    assert check_variant(in_place, tokens=6, heads=2, head_dim=8, dtype=dtype,
+                         device=device).passed
+    res = check_variant(in_place_writes_into_v, tokens=6, heads=2, head_dim=8, dtype=dtype,
+                        device=device)
+    assert not res.inputs_intact and res.max_abs_err <= res.tolerance and not res.passed
+
+
+def test_a_check_replays_from_its_recorded_seed(device):
+    """Every result records the seed of its inputs; the same seed draws the same inputs
+    (same error to the last bit), and an unseeded check draws new ones."""
+    fn = lambda xq, xk, f: rope_cos_sin(xq, xk, *cos_sin_views(f))  # noqa: E731
+    first = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=torch.bfloat16, device=device)
+    again = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=torch.bfloat16, device=device,
+                          seed=first.seed)
+    assert again.seed == first.seed and again.max_abs_err == first.max_abs_err
+    assert again.native_max_abs_err == first.native_max_abs_err
+    other = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=torch.bfloat16, device=device)
+    assert other.seed != first.seed and other.native_max_abs_err != first.native_max_abs_err
 
 
 def test_real_arithmetic_form_passes(device):

@@ -8,6 +8,7 @@ from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, ro
 from rope_kernels.correctness import check_variant, make_inputs
 from rope_kernels.kernels.fused import _fused_qk_rope_kernel
 from rope_kernels.bench.microbench import Shape, make_arg_sets
+from rope_kernels.vocabulary import KNOWN_VARIANTS
 
 pytestmark = pytest.mark.gpu
 
@@ -16,11 +17,11 @@ def _err(outs, refs):
     return max((o.double() - r).abs().max().item() for o, r in zip(outs, refs))
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", KNOWN_VARIANTS)
 @pytest.mark.parametrize("shape", [(65536, 16, 72), (8192, 12, 128), (4099, 2, 72)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_large_shapes(name, shape):
-    res = check_variant(VARIANTS[name], tokens=shape[0], heads=shape[1], head_dim=shape[2],
+def test_large_shapes(name, shape, registered):
+    res = check_variant(registered(name), tokens=shape[0], heads=shape[1], head_dim=shape[2],
                         dtype=torch.bfloat16, device="cuda")
     assert res.passed, res
 
@@ -78,16 +79,17 @@ def test_cuda_graph_capture(inplace):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_profiler_launch_counts(name, dtype):
+@pytest.mark.parametrize("name", KNOWN_VARIANTS)
+def test_profiler_launch_counts(name, dtype, registered):
     from rope_kernels.bench.profiling import profile_call
 
-    if why := VARIANTS[name].unsupported(dtype):
+    variant = registered(name)
+    if why := variant.unsupported(dtype):
         pytest.skip(why)
 
     xq, xk, f = make_arg_sets(Shape(1024, 16, 72), dtype, "cuda", 1)[0]
-    kernels = profile_call(VARIANTS[name], (xq, xk, f))
-    assert len(kernels) == VARIANTS[name].launch_count(dtype), kernels.kernel.tolist()
+    kernels = profile_call(variant, (xq, xk, f))
+    assert len(kernels) == variant.launch_count(dtype), kernels.kernel.tolist()
 
 
 def test_compiled_does_not_fall_back_past_the_recompile_limit():

@@ -23,7 +23,7 @@ out = Path(os.environ.get("OUT", "probe-out"))
 out.mkdir(parents=True, exist_ok=True)
 pd.set_option("display.width", 250)
 
-from rope_kernels.bench.correctness import check_variant  # noqa: E402
+from rope_kernels.correctness import check_variant  # noqa: E402
 from rope_kernels.bench.microbench import Shape, bench_shape  # noqa: E402
 from rope_kernels.bench.timing import copy_bandwidth_gbps  # noqa: E402
 from rope_kernels.study.devices import provenance  # noqa: E402

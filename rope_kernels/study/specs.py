@@ -280,7 +280,7 @@ RESULT_FILES: dict[str, Table] = {
                                 "block_h", "num_warps", "device_name"),
                                added=("in_place",), derived={"in_place": _never_in_place}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
-                             added=PEER_COLUMNS),
+                             added=PEER_COLUMNS + ("seed",)),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
                           added=PEER_COLUMNS),
     "ttft.csv": Table(TTFT_KEY,
