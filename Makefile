@@ -30,7 +30,13 @@ $(STAMP): pyproject.toml constraints.txt
 # Run every notebook for this machine's device; reports/<device>/, data/<device>/.
 # Writes nothing git tracks unless this device's results are committed; ARGS=--verbose
 # streams every cell's output.
+# The engines' pinned peer files come first (the headline peers are absent without them);
+# offline, it stops with one line saying how; PEERS=skip runs without them.
+PEERS      ?= fetch
 study: $(STAMP)
+ifneq ($(PEERS),skip)
+	@out=$$($(PY) -m rope_kernels peers fetch 2>&1) || { echo "make study: the engines' peer files could not be fetched ($$(echo "$$out" | tail -n 1)); offline: python -m rope_kernels peers fetch --wheels DIR (the pinned vLLM/SGLang wheels), or copy a fetched .peers/ here (or set ROPE_PEERS_DIR), or make study PEERS=skip" >&2; exit 2; }
+endif
 	$(PY) -m rope_kernels run $(ARGS)
 
 # CPU tier (Triton interpreter) + nbval regression of the notebooks.

@@ -140,3 +140,59 @@ def test_rate_error_bars_follow_the_time_spread():
     assert low[0] == pytest.approx(value / 1.2) and high[0] == pytest.approx(value / 0.9)
     assert plots.spread(rows.drop(columns=["p20_us", "p80_us"]), "speedup_vs_native") is None
     assert np.all(low <= value) and np.all(high >= value)
+
+
+# Variants one plot shows together: each pair must look different.
+PLOT_GROUPS = {
+    "kernel": ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "sglang_kimi_k25",
+               "vllm_merged", "vllm_merged_recreated", "compiled", "liger", "flashinfer", "quack_qkv",
+               "quack_rotary", "copy", "copy_sm"],
+    "encoder": ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "sglang_kimi_k25",
+                "vllm_merged", "gemm_epilogue", "none", "flashinfer", "quack_qkv"],
+    "qkv": ["cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune", "quack_gemm_rope",
+            "qkv_rope_linear", "qkv_rope_linear_angles"],
+}
+
+
+def _alike(a: str, b: str) -> bool:
+    """Two colours a reader confuses: near hue (< 15 degrees) and near saturation and
+    value; greys by lightness alone."""
+    import colorsys
+
+    (h1, s1, v1), (h2, s2, v2) = (colorsys.rgb_to_hsv(*matplotlib.colors.to_rgb(c)) for c in (a, b))
+    if s1 < 0.15 or s2 < 0.15:
+        return s1 < 0.15 and s2 < 0.15 and abs(v1 - v2) < 0.2
+    hue = min(abs(h1 - h2), 1 - abs(h1 - h2)) * 360
+    return hue < 15 and abs(s1 - s2) + abs(v1 - v2) < 0.4
+
+
+def test_variants_plotted_together_have_distinct_colours():
+    assert _alike("#1f4e9c", "#4a90d9")  # the two blues vLLM's variants once had
+    for group, names in PLOT_GROUPS.items():
+        colours = {v: plots.variant_color(v) for v in names}
+        assert all(v in plots.VARIANT_COLORS for v in names), group
+        confused = [(a, b) for i, a in enumerate(names) for b in names[i + 1:] if _alike(colours[a], colours[b])]
+        assert not confused, (group, confused)
+
+
+def test_token_tick_labels_never_collide():
+    tokens = (256, 1024, 5476, 21904, 43808, 87616)
+    bench = _bench()
+    rows = []
+    for t in tokens:
+        for v in ("native", "fused"):
+            rows.append(dict(bench.iloc[0], tokens=t, variant=v))
+    fig = plots.kernel_panels(pd.DataFrame(rows), "median_us", "median [us]")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert [t.get_text() for t in labels] == ["256", "1k", "5.48k", "21.9k", "43.8k", "87.6k"]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_the_target_bucket_is_marked_on_encoder_plots():
+    for fig in (plots.encoder_latency(_ttft(), mode="eager"), plots.saving_vs_native(_ttft())):
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert any(t.startswith("targets: 16 x 1024x1024") for t in texts)

@@ -284,3 +284,9 @@ def test_cli_prints_the_table_and_refuses_an_unknown_folder(tmp_path, capsys):
     assert "Targets judged on gpu-x" in out and "| vllm_2x_16_heads |" in out and "not measured" in out
     assert main(["targets", "--data-root", str(tmp_path), "--device", "absent"]) == 2
     assert "no result folder" in capsys.readouterr().err
+
+
+def test_rows_without_a_column_read_not_measured():
+    rows = micro({"fused": 10.0}, shapes=[(87616, 16, 72)]).drop(columns=["bytes"])
+    v = verdicts_of("copy_90pct_kimi_16_heads", {"microbench": rows})
+    assert v.verdict.tolist() == ["not measured"] and "bytes" in v.detail.iloc[0]

@@ -42,8 +42,11 @@ def notebook_setup(device: str = "auto"):
 
     for category, message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    # Whole tables, never "...": the HTML export scrolls long ones (reports.SCROLL_CSS).
     pd.set_option("display.width", 200)
-    pd.set_option("display.max_columns", 40)
+    pd.set_option("display.max_columns", None)
+    pd.set_option("display.max_rows", None)
+    pd.set_option("display.max_colwidth", None)
     use_report_style()
     return resolve_device(device)
 

@@ -19,29 +19,35 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-# Families share a hue: ours red, vLLM's blues, the baselines grey/black.
+from rope_kernels.study.targets import ENCODER_BUCKET
+
+# Distinct hues for the variants one plot shows together (a test keeps every pair of
+# kernel, encoder and QKV-GEMM variants apart): ours red/pink, vLLM blue/cyan, SGLang
+# purple/indigo, the copy references and baselines grey/black.
 VARIANT_COLORS = {
     "native": "#222222",
-    "none": "#9e9e9e",
-    "copy": "#17becf",
+    "none": "#a0a0a0",
+    "copy": "#5f5f5f",
+    "copy_sm": "#c7c7c7",
     "fused": "#d62728",
-    "fused_inplace": "#f28e8c",
-    "vllm_packed_qk": "#1f4e9c",
-    "vllm_merged": "#4a90d9",
-    "vllm_merged_recreated": "#9cc3ea",
-    "sglang_vision": "#8c5ac8",
-    "sglang_kimi_k25": "#5e3c99",
+    "fused_inplace": "#ff9da7",
+    "vllm_packed_qk": "#1f77b4",
+    "vllm_merged": "#17becf",
+    "vllm_merged_recreated": "#9edae5",
+    "sglang_vision": "#9467bd",
+    "sglang_kimi_k25": "#4b0082",
     "compiled": "#2ca02c",
     "liger": "#ff7f0e",
     "flashinfer": "#8c564b",
     "quack_qkv": "#e377c2",
-    "quack_rotary": "#f7b6d2",
-    "gemm_epilogue": "#b8b000",
-    "cublas_linear": "#393b79",
-    "cublas_linear+fused_rope": "#d6616b",
-    "compile_max_autotune": "#74c476",
-    "qkv_rope_linear": "#e6550d",
-    "qkv_rope_linear_angles": "#fdae6b",
+    "quack_rotary": "#7b4173",
+    "gemm_epilogue": "#bcbd22",
+    "cublas_linear": "#000080",
+    "cublas_linear+fused_rope": "#ffbb78",
+    "compile_max_autotune": "#98df8a",
+    "quack_gemm_rope": "#c51b7d",
+    "qkv_rope_linear": "#8b0000",
+    "qkv_rope_linear_angles": "#c49c94",
 }
 _FALLBACK_COLORS = ("#637939", "#7b4173", "#843c39", "#3182bd", "#a55194", "#6b6ecf",
                     "#bd9e39", "#ad494a", "#5254a3", "#8ca252")
@@ -201,8 +207,11 @@ def _ordered(values, order: Sequence | None = None) -> list:
 
 
 def _tokens_label(value: float) -> str:
+    """Short token labels: 256, 1k, 4k (powers of two in 1024s), 5.48k, 21.9k, 87.6k."""
     value = int(round(value))
-    return f"{value // 1024}k" if value >= 1024 and value % 1024 == 0 else str(value)
+    if value >= 1024 and value % 1024 == 0:
+        return f"{value // 1024}k"
+    return f"{value / 1000:.3g}k" if value >= 1000 else str(value)
 
 
 def _token_axis(ax, tokens):
@@ -212,7 +221,8 @@ def _token_axis(ax, tokens):
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens_label(v)))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.tick_params(axis="x", rotation=45 if len(ticks) > 6 else 0)
+    # Kimi's 21.9k, 43.8k, 87.6k are one octave apart: upright labels there touch.
+    ax.tick_params(axis="x", rotation=90 if len(ticks) > 4 else 0)
     ax.set_xlabel("tokens")
 
 
@@ -279,6 +289,18 @@ def pr_table_plot(comparisons: dict[str, pd.DataFrame], data: pd.DataFrame | Non
     return finish(fig, data if data is not None else pd.DataFrame(), handles)
 
 
+TARGET_BUCKET = ENCODER_BUCKET  # where the encoder targets are judged
+
+
+def _mark_target_bucket(ax):
+    """A dotted vertical line at the target bucket's image count, labelled."""
+    res, n = TARGET_BUCKET
+    ax.axvline(n, color="#555555", lw=1, ls=":", zorder=0)
+    ax.annotate(f"targets: {n} x {res}", xy=(n, 1), xycoords=("data", "axes fraction"),
+                xytext=(-3, -3), textcoords="offset points", ha="right", va="top", fontsize=9,
+                color="#555555")
+
+
 def _image_axis(ax, images: Sequence[int]):
     ticks = sorted(set(int(i) for i in images))
     ax.set_xlim(0, max(ticks) + 1)
@@ -303,6 +325,8 @@ def encoder_latency(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str]
                           marker="o", ls="--" if name == floor else "-")
         _image_axis(ax, panel.images)
         ax.set_ylim(bottom=0)
+        if r == TARGET_BUCKET[0]:
+            _mark_target_bucket(ax)
         ax.set_title(r)
         ax.set_ylabel("encoder forward [ms]")
     return finish(fig, sub, _variant_handles(names, floor),
@@ -337,6 +361,8 @@ def saving_vs_native(ttft: pd.DataFrame, *, modes: Sequence[str] | None = None,
                               color=variant_color(name), ls=ls, marker=marker)
         ax.axhline(0, color="k", lw=0.8)
         _image_axis(ax, sub.images)
+        if TARGET_BUCKET[0] in res:
+            _mark_target_bucket(ax)
         ax.set_title(mode)
         ax.set_ylabel(f"saving over {baseline} [%]")
     styles = [Line2D([], [], color="k", ls=resolution_style(r, res)[0],

@@ -86,8 +86,14 @@ def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool 
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(nb)
+    body = body.replace("</head>", f"<style>{SCROLL_CSS}</style></head>", 1)
     write_atomic(Path(html_path), strip_remote_resources(body))
     return Path(html_path)
+
+
+# Whole tables in the reports, each in its own scrolling box instead of a page-long one.
+SCROLL_CSS = (".jp-OutputArea-output.jp-RenderedHTMLCommon, .jp-OutputArea-output.jp-RenderedText "
+              "{ max-height: 36rem; overflow: auto; }")
 
 
 _CSS = """
@@ -161,15 +167,14 @@ _COLUMNS = {
     "device_name": "device",
     "microbench_commit": "kernel runs' commit",
     "kimi_tokens": "tokens (16x72)",
-    "fused_speedup_vs_native": "fused / native (16x72, CUDA graph)",
+    "fused_speedup_vs_native": "speedup of fused over native (native time / fused time, 16x72, cold)",
     "fused_pct_of_copy": "fused % of copy bandwidth",
-    "vllm_merged_speedup_vs_native": "merged vLLM / native",
     "pr_fused_at_or_under_cudagraph": "PR rows: fused at/under PR time (cold L2)",
     "pr_fused_at_or_under_cudagraph_warm": "PR rows: fused at/under PR time (warm L2)",
     "encoder_images": "images (encoder)",
     "encoder_native_ms": "encoder native ms",
     "encoder_fused_ms": "encoder fused ms",
-    "encoder_saving_pct": "encoder saving %",
+    "encoder_saving_pct": "encoder saving %, fused vs native (ratio of medians, CUDA graph)",
     "encoder_commit": "encoder runs' commit",
 }
 
@@ -181,7 +186,19 @@ _INTEGER_COLUMNS = ("kimi_tokens", "encoder_images")
 def _summary_table(summary: pd.DataFrame) -> str:
     """The summary as an HTML table: counts as integers, measurements to 2 decimals,
     missing values as '-' (one scalar per cell; anything else is a bug upstream)."""
-    cols = [c for c in _COLUMNS if c in summary.columns]
+    labels = dict(_COLUMNS)
+    ratios = {c: f"time of {c.removeprefix('ratio_')} / time of ours (16x72, most tokens, cold; "
+                 "in place vs fused_inplace, else vs fused)"
+              for c in summary.columns if c.startswith("ratio_")}
+    savings = {c: f"encoder saving %, {c.removeprefix('encoder_saving_pct_')} vs native"
+               for c in summary.columns if c.startswith("encoder_saving_pct_")}
+    at = list(labels).index("fused_pct_of_copy") + 1
+    items = list(labels.items())
+    labels = dict(items[:at] + list(ratios.items()) + items[at:])
+    items = list(labels.items())
+    at = list(labels).index("encoder_saving_pct") + 1
+    labels = dict(items[:at] + list(savings.items()) + items[at:] + [("targets", "targets (study/targets.py)")])
+    cols = [c for c in labels if c in summary.columns]
     for c in cols:
         bad = [v for v in summary[c] if not pd.api.types.is_scalar(v)]
         if bad:
@@ -196,5 +213,5 @@ def _summary_table(summary: pd.DataFrame) -> str:
             return f"{v:.2f}"
         return str(v)
 
-    table = pd.DataFrame({_COLUMNS[c]: [cell(c, v) for v in summary[c]] for c in cols})
+    table = pd.DataFrame({labels[c]: [cell(c, v) for v in summary[c]] for c in cols})
     return table.to_html(index=False, border=0)

@@ -60,6 +60,20 @@ def pr_comparison(micro: pd.DataFrame, pr: pd.DataFrame, mode: str) -> pd.DataFr
     return out
 
 
+def peer_ratios(rows: pd.DataFrame, times: pd.Series) -> dict:
+    """``ratio_<variant>``: time of each other variant over the time of ours, like for
+    like (in-place variants over ``fused_inplace``, others over ``fused``; > 1: ours
+    faster), from ``times`` (median per variant at one shape)."""
+    from rope_kernels.study.findings import like_for_like, ordered
+
+    out = {}
+    for v in ordered(times.index):
+        ours = like_for_like(rows, v)
+        if ours in times.index and v in times.index:
+            out[f"ratio_{v}"] = times[v] / times[ours]
+    return out
+
+
 def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | None = None) -> dict:
     """One device's headline row (NaN where the data does not cover a figure)."""
     nan = float("nan")
@@ -75,9 +89,8 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
             row["kimi_tokens"] = int(big["tokens"])
             row["fused_speedup_vs_native"] = big["speedup_vs_native"]
             row["fused_pct_of_copy"] = big["pct_of_copy"]
-            merged = kimi[(kimi["variant"] == "vllm_merged") & (kimi["tokens"] == big["tokens"])]
-            row["vllm_merged_speedup_vs_native"] = (merged["speedup_vs_native"].iloc[0]
-                                                    if not merged.empty else nan)
+            at = kimi[kimi["tokens"] == big["tokens"]].drop_duplicates("variant").set_index("variant")
+            row.update(peer_ratios(kimi, at["median_us"]))
         if pr is not None and not pr.empty:
             for mode in ("cudagraph", "cudagraph_warm"):
                 cmp = pr_comparison(micro, pr, mode)
@@ -105,6 +118,9 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
                 row["encoder_fused_ms"] = at["fused"]
                 row["encoder_saving_ms"] = at["native"] - at["fused"]
                 row["encoder_saving_pct"] = 100 * (at["native"] - at["fused"]) / at["native"]
+                for v in ("vllm_packed_qk", "sglang_vision", "sglang_kimi_k25", "vllm_merged"):
+                    if v in at.index:
+                        row[f"encoder_saving_pct_{v}"] = 100 * (at["native"] - at[v]) / at["native"]
     return row
 
 
@@ -142,5 +158,16 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     for folder in folders:
         m = micro[micro["device_folder"] == folder] if not micro.empty else micro
         t = ttft[ttft["device_folder"] == folder] if not ttft.empty else ttft
-        rows.append({"device": folder, **device_summary(m, t, pr)})
+        rows.append({"device": folder, **device_summary(m, t, pr), **target_counts(Path(data_root) / folder)})
     return pd.DataFrame(rows)
+
+
+def target_counts(device_dir: Path) -> dict:
+    """``targets``: how many of the study's targets each verdict holds on a device's
+    rows (``rope_kernels.study.targets``), e.g. "3 met, 10 missed, 10 not measured"."""
+    from rope_kernels.study import targets as T
+
+    if not Path(device_dir).is_dir():
+        return {}
+    counts = T.summarize(T.evaluate(T.load_tables(device_dir)))["verdict"].value_counts()
+    return {"targets": ", ".join(f"{int(counts[v])} {v}" for v in T.VERDICTS if v in counts)}

@@ -566,7 +566,11 @@ def evaluate(tables: dict[str, pd.DataFrame], targets=TARGETS) -> pd.DataFrame:
         raise TypeError(f"tables must be a dict of table name -> DataFrame, got {type(tables).__name__}")
     rows = []
     for target in targets:
-        rows += KINDS[target.kind](target, tables)
+        try:
+            rows += KINDS[target.kind](target, tables)
+        except KeyError as exc:  # rows without a column this target reads
+            rows += [_verdict_row(target, mode, "", "", float("nan"), "not measured",
+                                  f"rows lack column {exc.args[0]!r}") for mode in target.modes]
     df = pd.DataFrame(rows)
     return df.reindex(columns=VERDICT_COLUMNS + [c for c in df.columns if c not in VERDICT_COLUMNS])
 
