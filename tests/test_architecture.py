@@ -100,7 +100,7 @@ LAYERS = {
 STUDY = "rope_kernels.study"
 # Imports into the study from below that remain, each with why (new ones fail the test).
 STUDY_EXCEPTIONS = {
-    ("rope_kernels.study.runner", "rope_kernels.peers.cache"):
+    ("rope_kernels.study.execution", "rope_kernels.peers.cache"):
         "export_peers_dir: the runner hands the resolved peer cache to notebook kernels",
     ("rope_kernels.study.carry", "rope_kernels.peers.cache"):
         "carry packs the peer cache for an air-gapped node (peers_dir, sha256_file)",

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from rope_kernels.bench.encoder_bench import (attribute_rope_time, bucket_samples, make_bucket,
-                                        outputs_agree, paired_stats, rope_minimal_ms, rope_profile,
-                                        time_bucket)
-from rope_kernels.bench.vit import (rope_variants, EncoderConfig, MoonViTEncoder, encoder_inputs,
-                              pick_attention)
+from rope_kernels.bench.encoder_bench import (attribute_rope_time, bucket_rounds, make_bucket,
+                                              outputs_agree, paired_stats, rope_minimal_ms,
+                                              rope_profile)
+from rope_kernels.bench.vit import (EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention,
+                                    rope_variants)
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +59,26 @@ def test_encoder_rejects_bad_input(small, device):
         model(encoder_inputs([(1, 3, 4)], cfg, device=device).patches, [(1, 3, 4)])
 
 
-def test_time_bucket(small, device):
+def test_bucket_rounds(small, device):
     cfg, model = small
     inp = encoder_inputs([(1, 2, 2)], cfg, device=device)
     modes = [v for v in rope_variants() if v != "compiled"]  # Inductor's CPU build: slow, tested elsewhere
-    t = time_bucket(model, inp, modes, "eager", "sdpa_per_image", samples=1, warmup=0)
-    assert set(t) == set(modes) and all(v.median_us > 0 for v in t.values())
+    r = bucket_rounds(model, inp, modes, "eager", "sdpa_per_image", samples=1, warmup=0)
+    assert set(r.times) == set(modes) and all(ts[0] > 0 for ts in r.times.values())
     if device == "cpu":
         with pytest.raises(ValueError, match="GPU"):
-            time_bucket(model, inp, ["native"], "cudagraph", "sdpa_per_image")
+            bucket_rounds(model, inp, ["native"], "cudagraph", "sdpa_per_image")
     else:
-        g = time_bucket(model, inp, ["native", "fused"], "cudagraph", "sdpa_per_image", samples=2)
-        assert {v.timer for v in g.values()} == {"cuda_events_cudagraph"}
+        g = bucket_rounds(model, inp, ["native", "fused"], "cudagraph", "sdpa_per_image", samples=2)
+        assert g.timer == "cuda_events_cudagraph"
     with pytest.raises(ValueError, match="mode"):
-        time_bucket(model, inp, ["native"], "graph", "sdpa_per_image")
+        bucket_rounds(model, inp, ["native"], "graph", "sdpa_per_image")
     with pytest.raises(ValueError, match="samples"):
-        bucket_samples(model, inp, ["native"], "eager", "sdpa_per_image", samples=0)
-    timer, times = bucket_samples(model, inp, ["native", "none"], "eager", "sdpa_per_image",
-                                  samples=3, warmup=0)
-    assert timer == ("wall_clock_cpu" if device == "cpu" else "cuda_events_eager")
-    assert [len(ts) for ts in times.values()] == [3, 3]
+        bucket_rounds(model, inp, ["native"], "eager", "sdpa_per_image", samples=0)
+    r = bucket_rounds(model, inp, ["native", "none"], "eager", "sdpa_per_image", samples=3, warmup=0)
+    assert r.timer == ("wall_clock_cpu" if device == "cpu" else "cuda_events_eager")
+    assert [len(ts) for ts in r.times.values()] == [3, 3]
+    assert len(r.orders) == 3 and all(sorted(o) == ["native", "none"] for o in r.orders)
 
 
 def test_paired_stats_compare_within_rounds():

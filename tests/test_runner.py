@@ -354,3 +354,28 @@ def test_batch_runs_need_no_registered_kernelspec(tmp_path, monkeypatch):
     execute_notebook(src, tmp_path / "a.ipynb", {}, cwd=tmp_path)
     execute_notebook(src, tmp_path / "b.ipynb", {}, cwd=tmp_path, kernel_name="rope-study")
     assert seen == ["python3", "rope-study"]
+
+
+def test_a_failed_cell_stops_the_run_with_one_line_naming_it(tmp_path, monkeypatch):
+    """papermill's own exception class (not a class-name string) becomes NotebookError;
+    anything else a notebook run raises propagates as itself."""
+    from papermill.exceptions import PapermillExecutionError
+
+    from rope_kernels.study import runner
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("notebooks", "params"):
+        (root / name).symlink_to(ROOT / name)
+    failure = PapermillExecutionError(cell_index=3, exec_count=3, source="x", ename="ValueError",
+                                      evalue="first\nbad shape", traceback=[])
+
+    def failing(src, dest, params, **kw):
+        raise failure
+
+    monkeypatch.setattr(runner, "execute_notebook", failing)
+    with pytest.raises(runner.NotebookError, match=r"^01_kernels failed: ValueError: bad shape "):
+        runner.run_study(device="cpu", only=["01"], root=root, log=lambda *a: None)
+    failure = KeyError("not a cell")
+    with pytest.raises(KeyError):
+        runner.run_study(device="cpu", only=["01"], root=root, log=lambda *a: None)

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
 from rope_kernels.bench.microbench import minimal_bytes
-from rope_kernels.bench.timing import (Timing, median_p20_p80, round_positions, shuffled_orders,
+from rope_kernels.bench.timing import (median_p20_p80, round_positions, shuffled_orders,
                                        summarize)
 from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
 from rope_kernels.variants import VARIANTS, peer_columns, rope_triton_kernels
@@ -127,22 +127,6 @@ def bucket_rounds(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return BucketRounds(timer, times, orders, seed)
-
-
-def bucket_samples(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
-                   attention: str, *, samples: int = 5, warmup: int = 1,
-                   seed: int | str = 0) -> tuple[str, dict[str, list[float]]]:
-    """(timer, per-variant forward times in microseconds) of ``bucket_rounds``,
-    without the orders."""
-    r = bucket_rounds(model, inp, variants, mode, attention, samples=samples, warmup=warmup, seed=seed)
-    return r.timer, r.times
-
-
-def time_bucket(model: MoonViTEncoder, inp: EncoderInputs, variants: Sequence[str], mode: str,
-                attention: str, *, samples: int = 5, warmup: int = 1) -> dict[str, Timing]:
-    """Median/p20/p80 of one forward per variant (milliseconds in Timing's *_us / 1e3)."""
-    timer, times = bucket_samples(model, inp, variants, mode, attention, samples=samples, warmup=warmup)
-    return {v: summarize(ts, timer, 1) for v, ts in times.items()}
 
 
 def paired_stats(times: dict[str, list[float]], variant: str) -> dict[str, float]:
@@ -272,12 +256,6 @@ def rope_profile(model: MoonViTEncoder, inp: EncoderInputs, rope: str,
     return (0.0 if rope == "none" else inside / 1e3), total / 1e3
 
 
-def rope_share(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
-    """Fraction of one forward's time spent in RoPE, from the profiler (``rope_profile``)."""
-    inside, total = rope_profile(model, inp, rope, attention)
-    return inside / total if total > 0 else float("nan")
-
-
 def forward_peak_mb(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:
     """Peak device memory of one eager forward beyond what was allocated before
     (activations and temporaries; MB = 1e6 bytes). NaN on the CPU."""
@@ -306,6 +284,6 @@ def outputs_agree(model: MoonViTEncoder, inp: EncoderInputs, attention: str,
     return {"scale": scale, **result}
 
 
-__all__ = ["Bucket", "BucketRounds", "bucket_rounds", "bucket_rows", "bucket_samples",
-           "encoder_inputs", "forward_peak_mb", "make_bucket", "outputs_agree", "paired_stats",
-           "rope_in_place", "rope_minimal_ms", "rope_profile", "rope_share", "time_bucket"]
+__all__ = ["Bucket", "BucketRounds", "bucket_rounds", "bucket_rows", "encoder_inputs",
+           "forward_peak_mb", "make_bucket", "outputs_agree", "paired_stats", "rope_in_place",
+           "rope_minimal_ms", "rope_profile"]

@@ -102,7 +102,7 @@ def refresh_notebooks(only=None) -> list[Path]:
     from nbclient import NotebookClient
 
     from rope_kernels.study.results import write_atomic
-    from rope_kernels.study.runner import kernel_sees_repo
+    from rope_kernels.study.execution import kernel_sees_repo
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("refresh notebooks with TRITON_INTERPRET=1 (make notebooks does)")

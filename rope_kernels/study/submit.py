@@ -477,7 +477,7 @@ def _status_html(manifest: dict, status: pd.DataFrame, state: Path) -> str:
 def finish(state: Path, root: Path = REPO_ROOT, log=print) -> pd.DataFrame:
     """The summary job: shard status, 05_summary for every device that ran, the index."""
     from rope_kernels.study.reports import build_index, notebook_to_html
-    from rope_kernels.study.runner import execute_notebook
+    from rope_kernels.study.execution import execute_notebook
 
     root, state = Path(root), Path(state)
     manifest = load_manifest(state)
