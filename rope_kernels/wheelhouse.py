@@ -46,7 +46,8 @@ def check_target(python: str, platform: str) -> None:
     --platform take them; a ``ValueError`` naming the option otherwise."""
     if not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python):
         raise ValueError(f"--python must look like 3.12, got {python!r}")
-    if not isinstance(platform, str) or not re.fullmatch(r"[a-z0-9]+(_[A-Za-z0-9]+)+", platform):
+    if not isinstance(platform, str) or not (
+            platform == "any" or re.fullmatch(r"[a-z0-9]+(_[A-Za-z0-9]+)+", platform)):
         raise ValueError(f"--platform must be a wheel platform tag such as "
                          f"manylinux_2_28_x86_64, got {platform!r}")
 
@@ -56,7 +57,7 @@ def pip_download_command(out: Path, python: str, platform: str, packages: list[s
     check_target(python, platform)
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(out),
            "--python-version", python, "--implementation", "cp"]
-    for tag in platform_tags(platform) + ["any"]:
+    for tag in dict.fromkeys(platform_tags(platform) + ["any"]):
         cmd += ["--platform", tag]
     if no_deps:
         cmd.append("--no-deps")

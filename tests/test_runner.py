@@ -156,6 +156,9 @@ def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
     assert "torch" not in cmd and "triton" not in cmd
     with pytest.raises(ValueError, match="--python"):
         pip_download_command(tmp_path, "python3", "manylinux_2_28_x86_64", TOOLCHAIN)
+    # pure-Python pins (FlashInfer's wheel) are fetched with the platform tag "any"
+    cmd = pip_download_command(tmp_path, "3.12", "any", ["flashinfer-python==0.7.4"], no_deps=True)
+    assert cmd.count("--platform") == 1 and cmd[cmd.index("--platform") + 1] == "any"
 
 
 # Values are checked before anything runs, with the typo check's exit code and one line --
