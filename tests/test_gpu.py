@@ -159,3 +159,30 @@ def test_cuda_peer_replays_in_a_cuda_graph(name):
         graph.replay()
         torch.cuda.synchronize()
         assert _err(outs, ref) <= 2 * _err(nat, ref) + 1e-6
+
+
+# -- the fused kernel's launch candidates at the study's sizes --------------------------
+@pytest.mark.parametrize("shape", [(87616, 16, 72), (8192, 12, 128), (4099, 2, 72)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused_candidates_match_float64_at_size(shape, inplace):
+    from rope_kernels.kernels.freqs import (vision_freqs_cis, vision_patch_coords,
+                                            vision_rope_frequencies)
+    from rope_kernels.kernels.fused_candidates import (fused_qk_rope_angles,
+                                                       fused_qk_rope_persistent, sweep_grid)
+
+    tokens, heads, head_dim = shape
+    grids = sweep_grid(tokens)
+    freqs_cis = vision_freqs_cis(grids, head_dim, device="cuda")
+    coords = vision_patch_coords(grids, device="cuda")
+    freqs = vision_rope_frequencies(head_dim, device="cuda")
+    qkv = torch.randn(tokens, 3, heads, head_dim, device="cuda").to(torch.bfloat16)
+    xq, xk, _ = qkv.unbind(1)
+    ref = rope_reference(xq, xk, freqs_cis)
+    nat = native_rope(xq, xk, freqs_cis)
+    for pps in (1, 4):
+        q, k = fused_qk_rope_persistent(xq.clone(), xk.clone(), *cos_sin_views(freqs_cis),
+                                        programs_per_sm=pps, inplace=inplace)
+        assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, ("persistent", pps)
+    q, k = fused_qk_rope_angles(xq.clone(), xk.clone(), coords, freqs, inplace=inplace)
+    assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, "angles"

@@ -1,8 +1,9 @@
 """First device call after tools/device_setup.sh: do the CUDA peers build, agree with
-float64 and run? Checks SGLang's Kimi-K2.5 path, FlashInfer, QuACK (in place and out of
-place) and the fused-kernel launch candidates against float64, then times them once at
-21904 x 16 x 72 (bf16, CUDA graphs, cold L2, shuffled rounds) beside fused and
-fused_inplace, and prints one table. A step that fails prints why and the rest go on.
+float64 and run? Checks SGLang's Kimi-K2.5 path, FlashInfer and QuACK (in place and out
+of place) against float64, then times them once at 21904 x 16 x 72 (bf16, CUDA graphs,
+cold L2, shuffled rounds) beside fused and fused_inplace, times the fused kernel's
+launch candidates (persistent grid, in-kernel angles) beside its default, and prints
+the tables. A step that fails prints why and the rest go on.
 Writes $OUT/peer_probe.csv (or ./probe-out). About 2-4 minutes on an H200 (first JIT
 builds: 10-60 s).
 
@@ -41,7 +42,6 @@ print(f"peers loaded in {time.time() - t_start:.0f} s", flush=True)
 
 wanted = ["fused", "fused_inplace", "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary",
           "sglang_vision", "vllm_packed_qk"]
-wanted += [n for n in VARIANTS if n.startswith("fused_") and n not in wanted]  # candidates
 names = [n for n in wanted if n in VARIANTS]
 rows = {}
 for name in names:
@@ -72,6 +72,20 @@ try:
                                   p80_us=r["p80_us"], pct_of_copy=r["pct_of_copy"])
 except Exception:  # noqa: BLE001
     traceback.print_exc()
+try:  # the fused kernel's launch candidates beside its default, same shape
+    from rope_kernels.bench.microbench import sweep_fused_configs
+    from rope_kernels.kernels.fused import fused_launch_config
+
+    sweep = sweep_fused_configs([Shape(tokens, heads, head_dim)],
+                                [fused_launch_config(heads, head_dim, 2)], torch.bfloat16,
+                                device=device, copy_gbps=copy, samples=10, progress=False,
+                                mode="cudagraph" if device == "cuda" else "eager")
+    print(sweep[["strategy", "block_t", "block_h", "num_warps", "programs_per_sm", "is_default",
+                 "median_us", "pct_of_copy"]].round(2).to_string())
+    sweep.assign(**provenance()).to_csv(out / "fused_candidates_probe.csv", index=False)
+except Exception:  # noqa: BLE001
+    traceback.print_exc()
+print(f"candidates done at {time.time() - t_start:.0f} s", flush=True)
 table = pd.DataFrame.from_dict(rows, orient="index")
 for name in table.index:
     v = VARIANTS[name]
@@ -81,7 +95,8 @@ for name in table.index:
 if "median_us" in table and "fused" in table.index:
     table["time_vs_fused"] = table["median_us"] / table.loc["fused", "median_us"]
     table["time_vs_fused_inplace"] = table["median_us"] / table.loc["fused_inplace", "median_us"]
-print(f"copy ceiling {copy:.0f} GB/s; {tokens} x {heads} x {head_dim} bf16, cudagraph, cold L2")
+mode = "cudagraph, cold L2" if device == "cuda" else "eager (a CPU smoke test: not a measurement)"
+print(f"copy ceiling {copy:.0f} GB/s; {tokens} x {heads} x {head_dim} bf16, {mode}")
 print(table.round(3).to_string())
 table.assign(**provenance()).to_csv(out / "peer_probe.csv")
 print(f"probe done in {time.time() - t_start:.0f} s", flush=True)

@@ -227,38 +227,77 @@ def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
 
 def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
                         device, copy_gbps: float, mode: str = "cudagraph",
-                        samples: int = 30, progress: bool = True) -> pd.DataFrame:
+                        samples: int = 30, progress: bool = True,
+                        candidates: bool = True) -> pd.DataFrame:
     """Time the fused kernel under each launch config: the evidence behind
     ``fused_launch_config``'s heuristic. ``configs`` is a list, or a function
-    ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``)."""
-    from rope_kernels.kernels.fused import fused_launch_config, fused_qk_rope
+    ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``);
+    its items are ``FusedConfig`` (the default strategy, "grid") or
+    ``FusedCandidate``. With ``candidates`` every shape also gets the launch
+    candidates of ``kernels.fused_candidates`` (persistent grid, in-kernel angles)
+    on the default's tile. Rows carry ``strategy`` and ``programs_per_sm``; the
+    angles rows read int32 (row, col) per token instead of cos/sin, and their
+    ``gbps`` use the same nominal bytes as every row (a time comparison)."""
+    from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
+    from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope
+    from rope_kernels.kernels.fused_candidates import (FusedCandidate, fused_candidates,
+                                                       fused_qk_rope_angles,
+                                                       fused_qk_rope_persistent, sweep_grid)
     from rope_kernels.kernels.reference import cos_sin_views
 
     device = torch.device(device)
-    work = [(s, c) for s in shapes for c in (configs(s) if callable(configs) else configs)]
+    element = torch.empty((), dtype=dtype).element_size()
+    work = []
+    for s in shapes:
+        items = list(configs(s) if callable(configs) else configs)
+        if candidates:
+            items += [c for c in fused_candidates(s.heads, s.head_dim, element) if c not in items]
+        work += [(s, c) for c in items]
     if progress:
         from tqdm import tqdm
 
         work = tqdm(work, desc="fused configs", unit="run")
-    rows, sets, current = [], None, None
-    element = torch.empty((), dtype=dtype).element_size()
+    rows, sets, angle_sets, current = [], None, None, None
     for shape, cfg in work:
+        if not isinstance(cfg, (FusedConfig, FusedCandidate)):
+            raise TypeError(f"a sweep config must be a FusedConfig or FusedCandidate, got {cfg!r}")
         if shape != current:
             read = rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
             sets = make_arg_sets(shape, dtype, device, cold_set_count(read, device))
+            coords = vision_patch_coords(sweep_grid(shape.tokens), device=device)
+            freqs = vision_rope_frequencies(shape.head_dim, device=device)
+            # the angles candidate's inputs: the same q/k, each set its own coords
+            angle_sets = [(xq, xk, coords.clone(), freqs.clone()) for xq, xk, _ in sets]
             current = shape
         default = fused_launch_config(shape.heads, shape.head_dim, element)
+        strategy = cfg.strategy if isinstance(cfg, FusedCandidate) else "grid"
+        tile = cfg.config if isinstance(cfg, FusedCandidate) else cfg
+        if strategy == "angles":
+            def fn(xq, xk, c, f, _cfg=tile):
+                return fused_qk_rope_angles(xq, xk, c, f, config=_cfg)
+            arg_sets = angle_sets
+        elif strategy == "persistent":
+            def fn(xq, xk, f, _c=cfg):
+                return fused_qk_rope_persistent(xq, xk, *cos_sin_views(f), config=_c.config,
+                                                programs_per_sm=_c.programs_per_sm,
+                                                num_stages=_c.num_stages)
+            arg_sets = sets
+        else:
+            def fn(xq, xk, f, _cfg=tile):
+                return fused_qk_rope(xq, xk, *cos_sin_views(f), config=_cfg)
+            arg_sets = sets
 
-        def fn(xq, xk, f, _cfg=cfg):
-            return fused_qk_rope(xq, xk, *cos_sin_views(f), config=_cfg)
-
-        t = time_fn(fn, sets, mode=mode, calls_per_sample=max(len(sets), 20), samples=samples)
+        t = time_fn(fn, arg_sets, mode=mode, calls_per_sample=max(len(arg_sets), 20),
+                    samples=samples)
         nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
         gbps = nbytes / (t.median_us * 1e-6) / 1e9
         rows.append({"tokens": shape.tokens, "heads": shape.heads, "head_dim": shape.head_dim,
-                     "dtype": dtype_name(dtype), "mode": mode, "block_t": cfg.block_t,
-                     "block_h": cfg.block_h, "num_warps": cfg.num_warps,
-                     "is_default": cfg == default, "in_place": False, "timer": t.timer, "median_us": t.median_us,
+                     "dtype": dtype_name(dtype), "mode": mode, "strategy": strategy,
+                     "block_t": tile.block_t, "block_h": tile.block_h,
+                     "num_warps": tile.num_warps,
+                     "programs_per_sm": cfg.programs_per_sm if strategy == "persistent" else 0,
+                     "is_default": strategy == "grid" and cfg == default, "in_place": False,
+                     "timer": t.timer, "median_us": t.median_us,
                      "p20_us": t.p20_us, "p80_us": t.p80_us, "gbps": gbps,
                      "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps})
     return pd.DataFrame(rows)

@@ -265,6 +265,19 @@ def _never_in_place(old):
     return pd.Series(False, index=old.index)
 
 
+def _default_strategy(old):
+    """Sweep rows from before the launch candidates: the default strategy, "grid"."""
+    import pandas as pd
+
+    return pd.Series("grid", index=old.index)
+
+
+def _no_persistent_grid(old):
+    import pandas as pd
+
+    return pd.Series(0, index=old.index)
+
+
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
 RESULT_FILES: dict[str, Table] = {
@@ -276,9 +289,13 @@ RESULT_FILES: dict[str, Table] = {
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
                             # superseded by the SM same-bytes copy above.
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
-    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "block_t",
-                                "block_h", "num_warps", "device_name"),
-                               added=("in_place",), derived={"in_place": _never_in_place}),
+    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "strategy",
+                                "block_t", "block_h", "num_warps", "programs_per_sm",
+                                "device_name"),
+                               added=("in_place", "strategy", "programs_per_sm"),
+                               derived={"in_place": _never_in_place,
+                                        "strategy": _default_strategy,
+                                        "programs_per_sm": _no_persistent_grid}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
                              added=PEER_COLUMNS + ("seed",)),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
