@@ -186,7 +186,10 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # ## Block sizes: the evidence behind the launch heuristic
 #
 # With `config_sweep=True` the fused kernel is timed under each candidate (tokens per program,
-# heads per program, warps); `is_default` marks the heuristic's pick.
+# heads per program, warps); `is_default` marks the heuristic's pick. Beside them, on the
+# default's tile, two launch strategies (`strategy`, `rope_kernels/kernels/fused_candidates.py`):
+# a persistent grid (`programs_per_sm`) and angles computed in-kernel from each token's (row,
+# column) instead of a cos/sin read.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -211,7 +214,8 @@ if config_sweep and dev.type == "cuda":
     best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
     chosen = sweep[sweep.is_default]
     display(with_units(best.merge(chosen, on=["tokens", "heads", "head_dim"], suffixes=("_best", "_default"))[
-        ["tokens", "heads", "head_dim", "block_t_best", "block_h_best", "num_warps_best", "median_us_best",
+        ["tokens", "heads", "head_dim", "strategy_best", "programs_per_sm_best", "block_t_best", "block_h_best",
+         "num_warps_best", "median_us_best",
          "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
 else:
     print("config sweep skipped (config_sweep=False or no GPU)")
