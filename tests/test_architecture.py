@@ -219,6 +219,10 @@ COMPILE_MATRIX_PENDING = {
     ("rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel_persistent"): "the QKV GEMM entry",
     ("rope_kernels.bench.same_bytes_copy", "_same_bytes_copy_kernel"):
         "the SM same-bytes copy (benchmark reference, issue 16 helper)",
+    ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_persistent_kernel"):
+        "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
+    ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_angles_kernel"):
+        "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
 }
 
 
