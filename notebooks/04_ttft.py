@@ -67,7 +67,7 @@ from rope_kernels.bench.encoder_bench import (bucket_rounds, bucket_rows, forwar
                                               outputs_agree, paired_gain_pct, rope_minimal_ms, rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps
-from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.study import plots
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style

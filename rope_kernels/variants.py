@@ -36,7 +36,12 @@ from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
 from rope_kernels.peers.cache import sha256_file
-from rope_kernels.vocabulary import KNOWN_VARIANTS, OWN_VARIANTS, PEER_VARIANTS  # noqa: F401
+from rope_kernels.vocabulary import (  # noqa: F401
+    IN_PLACE_VARIANTS,
+    KNOWN_VARIANTS,
+    OWN_VARIANTS,
+    PEER_VARIANTS,
+)
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 PackedFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -282,6 +287,9 @@ def _built() -> tuple[dict[str, Variant], list[PeerStatus]]:
         unknown = sorted(set(variants) - set(KNOWN_VARIANTS))
         if unknown:  # a new variant must be declared in KNOWN_VARIANTS too
             raise RuntimeError(f"variants {unknown} are missing from KNOWN_VARIANTS")
+        wrong = sorted(n for n, v in variants.items() if v.inplace != (n in IN_PLACE_VARIANTS))
+        if wrong:  # vocabulary.IN_PLACE_VARIANTS answers "in place?" without the registry
+            raise RuntimeError(f"variants {wrong}: Variant.inplace disagrees with IN_PLACE_VARIANTS")
         _REGISTRY = variants, status
     return _REGISTRY
 

@@ -18,6 +18,9 @@ OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
 PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
                  "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")
 KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
+# Those that rotate q and k where they are (the registry's ``Variant.inplace``; the
+# registry refuses to build when the two disagree), known without loading any peer.
+IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv")
 # The encoder also knows "none" (RoPE skipped: the floor) and "gemm_epilogue" (q
 # and k rotated inside the QKV projection's epilogue, no RoPE step at all).
 ENCODER_ONLY_ROPE = ("none", "gemm_epilogue")

@@ -9,7 +9,7 @@ import torch
 from rope_kernels.bench.encoder_bench import (attribute_rope_time, bucket_rounds, make_bucket,
                                               outputs_agree, paired_stats, rope_minimal_ms,
                                               rope_profile)
-from rope_kernels.bench.vit import (EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention,
+from rope_kernels.model.vit import (EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention,
                                     rope_variants)
 
 

@@ -18,7 +18,7 @@ import torch
 from rope_kernels import VARIANTS, peer_status
 from rope_kernels.correctness import check_variant, make_inputs
 from rope_kernels.bench.launches import count_launches
-from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.peers import cache
 
 ENGINE_PEERS = ("vllm_packed_qk", "vllm_merged", "sglang_vision")

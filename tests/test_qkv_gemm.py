@@ -339,7 +339,7 @@ def test_out_overlapping_an_input_is_refused(what, device):
 def test_encoder_gemm_epilogue_matches_fused(device):
     """The encoder with RoPE in the QKV epilogue computes what it computes with the
     standalone fused kernel (up to bf16 rounding of q/k, which the epilogue skips)."""
-    from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
+    from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
 
     cfg = EncoderConfig.small().with_layers(1)
     model = MoonViTEncoder(cfg, device=device)

@@ -58,7 +58,7 @@ if "bench" in part:
 
 if "encoder" in part:
     t0 = time.time()
-    from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
+    from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
     cfg = EncoderConfig.kimi_k25()
     model = MoonViTEncoder(cfg, device="cuda")
     grids = [(1, 74, 74)] * 4

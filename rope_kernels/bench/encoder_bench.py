@@ -18,10 +18,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
-from rope_kernels.bench.microbench import minimal_bytes
+from rope_kernels.roofline import minimal_bytes, rope_minimal_ms  # noqa: F401
 from rope_kernels.bench.timing import (median_p20_p80, round_positions, shuffled_orders,
                                        summarize)
-from rope_kernels.bench.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
+from rope_kernels.model.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
 from rope_kernels.variants import VARIANTS, peer_columns, rope_triton_kernels
 
 
@@ -46,13 +46,6 @@ def make_bucket(resolution: str, images: int, *, merge: int = 2) -> Bucket:
     w, h = parse_resolution(resolution)
     grid = image_patch_grid(w, h, merge_size=merge)
     return Bucket(resolution, images, (grid,) * images)
-
-
-def rope_minimal_ms(tokens: int, heads: int, head_dim: int, layers: int, copy_gbps: float,
-                    dtype=torch.bfloat16) -> float:
-    """The physical minimum of RoPE in one forward: its minimal bytes, every
-    layer, at the measured copy bandwidth."""
-    return layers * minimal_bytes(tokens, heads, head_dim, dtype) / (copy_gbps * 1e9) * 1e3
 
 
 def _forward(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str):

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from rope_kernels.percentiles import median_p20_p80
 
 # cudagraph_warm replays calls on one input set, every output on one address
 # (L2-resident when it fits), the way many published kernel tables are
@@ -39,20 +40,6 @@ class Timing:
     p80_us: float
     samples: int
     calls_per_sample: int
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def median_p20_p80(values: Sequence[float]) -> tuple[float, float, float]:
-    """The median and the 20th / 80th percentiles (linear interpolation)."""
-    if not values:
-        raise ValueError("no samples")
-    return statistics.median(values), _quantile(values, 0.2), _quantile(values, 0.8)
 
 
 def summarize(per_call_us: Sequence[float], timer: str, calls: int) -> Timing:

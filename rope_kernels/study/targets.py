@@ -236,18 +236,17 @@ def _truthy(value) -> bool | None:
 
 def in_place(rows: pd.DataFrame, variant: str) -> bool | None:
     """Whether ``variant`` rotates its inputs in place: the rows' ``in_place``
-    column where it has a value, else the registry's ``Variant.inplace``; None
-    when neither knows (e.g. a peer absent on this machine in rows without the
-    column)."""
+    column where it has a value, else the registry's ``Variant.inplace`` (as
+    ``vocabulary.IN_PLACE_VARIANTS`` states it); None for a name neither knows."""
     if "in_place" in rows.columns and "variant" in rows.columns:
         for value in rows.loc[rows["variant"] == variant, "in_place"]:
             known = _truthy(value)
             if known is not None:
                 return known
-    from rope_kernels import variants as registry
+    from rope_kernels.vocabulary import IN_PLACE_VARIANTS, KNOWN_VARIANTS
 
-    found = registry.VARIANTS.get(variant)
-    return None if found is None else bool(found.inplace)
+    # the registry's answer without building it (loading every peer to read one flag)
+    return (variant in IN_PLACE_VARIANTS) if variant in KNOWN_VARIANTS else None
 
 
 def _ceiling(rows: pd.DataFrame) -> pd.Series:
@@ -426,7 +425,7 @@ def round_times(rows: pd.DataFrame, variant: str) -> list[float] | None:
 def paired_gain(rows: pd.DataFrame, variant: str, against: str) -> tuple[float, float, float] | None:
     """How much faster ``variant`` ran than ``against`` in the same rounds, in %:
     (median, p20, p80) over rounds; None without per-round times for both."""
-    from rope_kernels.bench.timing import median_p20_p80
+    from rope_kernels.percentiles import median_p20_p80
 
     mine, theirs = round_times(rows, variant), round_times(rows, against)
     if mine is None or theirs is None or len(mine) != len(theirs):
@@ -493,8 +492,8 @@ def _encoder_saving(target: Target, tables: dict) -> list[dict]:
 def encoder_minimal_ms(rows: pd.DataFrame) -> float:
     """RoPE's physical minimum in one forward of the encoder these rows timed:
     its layers x minimal bytes at the row's copy ceiling (NaN when unknown)."""
-    from rope_kernels.bench.encoder_bench import rope_minimal_ms
-    from rope_kernels.bench.vit import EncoderConfig
+    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.roofline import rope_minimal_ms
 
     r = rows.iloc[0]
     encoder = r.get("encoder", "kimi_k25")

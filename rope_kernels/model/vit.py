@@ -1,0 +1,252 @@
+"""A MoonViT-shaped vision encoder (Kimi-K2.5's vision tower) for latency studies.
+
+Real dimensions, seeded random bf16 weights, inference only. Per layer:
+LayerNorm -> packed qkv (T, 3, H, D) -> the chosen RoPE -> block-diagonal
+attention per image -> output projection, then LayerNorm -> MLP (tanh GELU).
+After the last layer: LayerNorm, 2x2 patch merge, projector to the LLM width.
+The RoPE table is built once per forward and shared by all layers. Only the
+RoPE step changes between variants, so encoder-time differences are RoPE's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import record_function
+
+from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
+from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
+from rope_kernels.kernels.reference import cos_sin_views
+from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
+from rope_kernels.variants import VARIANTS, peer_status
+# "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
+# projection's epilogue, kernels/qkv_gemm.py); how attention runs ("auto": per device)
+from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
+
+
+def rope_variants() -> tuple[str, ...]:
+    """Every registered variant and peer that runs here (as the registry calls it on
+    a packed qkv), plus ``ENCODER_ONLY_ROPE``. Builds the registry on first call."""
+    return (*VARIANTS, *ENCODER_ONLY_ROPE)
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.norm0 = nn.LayerNorm(cfg.hidden)
+        self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.wo = nn.Linear(cfg.hidden, cfg.hidden)
+        self.norm1 = nn.LayerNorm(cfg.hidden)
+        self.fc0 = nn.Linear(cfg.hidden, cfg.mlp)
+        self.fc1 = nn.Linear(cfg.mlp, cfg.hidden)
+
+
+class MoonViTEncoder(nn.Module):
+    """``forward(patches, grids, rope=..., attention=...)`` -> (tokens/4, text_hidden)."""
+
+    def __init__(self, cfg: EncoderConfig, *, device=None, dtype=torch.bfloat16, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = nn.Conv2d(3, cfg.hidden, cfg.patch, cfg.patch)
+        self.pos_emb = nn.Parameter(torch.empty(cfg.pos_grid, cfg.pos_grid, cfg.hidden))
+        self.blocks = nn.ModuleList(_Layer(cfg) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden)
+        self.proj_norm = nn.LayerNorm(cfg.hidden)
+        merged = cfg.hidden * cfg.merge**2
+        self.proj0 = nn.Linear(merged, merged)
+        self.proj1 = nn.Linear(merged, cfg.text_hidden)
+        self._init_weights(seed)
+        self.to(device=device, dtype=dtype)
+        self.eval()
+        self.requires_grad_(False)
+
+    def _init_weights(self, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.data.copy_(1.0 + 0.02 * torch.randn(p.shape, generator=gen)
+                             if name.endswith("weight") else 0.02 * torch.randn(p.shape, generator=gen))
+            else:
+                fan_in = p.shape[1] if p.dim() == 2 else (p[0].numel() if p.dim() == 4 else 1)
+                std = 1.0 / math.sqrt(fan_in) if p.dim() in (2, 4) else 0.02
+                p.data.copy_(std * torch.randn(p.shape, generator=gen))
+
+    # -- pieces -------------------------------------------------------------
+    def _position_embedding(self, grids) -> torch.Tensor:
+        table = self.pos_emb.permute(2, 0, 1).unsqueeze(0).float()
+        cache: dict[tuple[int, int], torch.Tensor] = {}
+        parts = []
+        for t, h, w in grids:
+            if (h, w) not in cache:
+                if (h, w) == tuple(self.pos_emb.shape[:2]):
+                    emb = self.pos_emb.reshape(h * w, -1)
+                else:
+                    emb = F.interpolate(table, size=(h, w), mode="bicubic", align_corners=False)
+                    emb = emb.squeeze(0).permute(1, 2, 0).reshape(h * w, -1).to(self.pos_emb.dtype)
+                cache[(h, w)] = emb
+            parts.append(cache[(h, w)].repeat(t, 1))
+        return torch.cat(parts)
+
+    @staticmethod
+    def _rope(rope: str, qkv: torch.Tensor, freqs_cis, cos, sin):
+        if rope == "none":
+            return qkv.unbind(1)
+        variant = VARIANTS[rope]
+        with record_function("rope"):
+            return variant.packed(qkv, freqs_cis, cos, sin)
+
+    def _attention(self, kind: str, q, k, v, grids, cu_seqlens, max_seqlen) -> torch.Tensor:
+        tokens, heads, head_dim = q.shape
+        if kind in ("sdpa_cudnn_batched", "sdpa_batched"):
+            seq = grids[0][0] * grids[0][1] * grids[0][2]
+            batch = tokens // seq
+
+            def bhsd(x):
+                return x.reshape(batch, seq, heads, head_dim).transpose(1, 2)
+
+            if kind == "sdpa_cudnn_batched":
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    o = F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v))
+            else:
+                o = F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v))
+            return o.transpose(1, 2).reshape(tokens, heads * head_dim)
+        if kind == "varlen_attn":
+            from torch.nn.attention.varlen import varlen_attn
+
+            o = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
+            return o.reshape(tokens, heads * head_dim)
+        # one SDPA call per image: works everywhere (CPU included)
+        outs, start = [], 0
+        for t, h, w in grids:
+            n = t * h * w
+            sl = slice(start, start + n)
+            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
+                                               v[sl].transpose(0, 1))
+            outs.append(o.transpose(0, 1).reshape(n, heads * head_dim))
+            start += n
+        return torch.cat(outs)
+
+    def _merge(self, x: torch.Tensor, grids) -> torch.Tensor:
+        m = self.cfg.merge
+        parts, start = [], 0
+        for t, h, w in grids:
+            n = t * h * w
+            img = x[start:start + n].reshape(t, h // m, m, w // m, m, -1)
+            parts.append(img.permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m, x.shape[-1]))
+            start += n
+        return torch.cat(parts)
+
+    # -- forward ------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, patches: torch.Tensor, grids, *, rope: str = "native",
+                attention: str = "sdpa_per_image", cu_seqlens: torch.Tensor | None = None,
+                max_seqlen: int | None = None) -> torch.Tensor:
+        if rope not in rope_variants():
+            absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
+            why = (f" ({rope} is not available here: {absent[rope]})"
+                   if isinstance(rope, str) and rope in absent else "")
+            raise ValueError(f"rope must be one of {rope_variants()}, got {rope!r}{why}")
+        if attention not in ATTENTION_KERNELS[1:]:
+            raise ValueError(f"attention must be one of {ATTENTION_KERNELS[1:]}, got {attention!r}"
+                             " (resolve 'auto' with pick_attention first)")
+        cfg = self.cfg
+        grids = [tuple(g) for g in grids]
+        tokens = grid_tokens(grids)
+        want = (tokens, 3, cfg.patch, cfg.patch)
+        if tuple(patches.shape) != want:
+            raise ValueError(f"patches must have shape {want} for these grids, got {tuple(patches.shape)}")
+        for g in grids:
+            if g[1] % cfg.merge or g[2] % cfg.merge:
+                raise ValueError(f"grid {g} sides must be multiples of the {cfg.merge}x{cfg.merge} merge")
+        if attention == "varlen_attn" and (cu_seqlens is None or max_seqlen is None):
+            raise ValueError("varlen_attn needs cu_seqlens and max_seqlen (see encoder_inputs)")
+
+        x = self.patch_embed(patches).reshape(tokens, cfg.hidden)
+        x = x + self._position_embedding(grids)
+        freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
+        cos, sin = cos_sin_views(freqs_cis)
+        for blk in self.blocks:
+            h = blk.norm0(x)
+            if rope == "gemm_epilogue":  # W permuted in each call (one gather, nothing cached)
+                q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads).unbind(1)
+            else:
+                qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
+                q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)
+            o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
+            x = x + blk.wo(o)
+            h = blk.norm1(x)
+            x = x + blk.fc1(F.gelu(blk.fc0(h), approximate="tanh"))
+        x = self.final_norm(x)
+        merged = self.proj_norm(self._merge(x, grids)).reshape(-1, cfg.hidden * cfg.merge**2)
+        return self.proj1(F.gelu(self.proj0(merged)))
+
+
+@dataclass(frozen=True)
+class EncoderInputs:
+    patches: torch.Tensor
+    grids: tuple[tuple[int, int, int], ...]
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+    @property
+    def tokens(self) -> int:
+        return self.patches.shape[0]
+
+
+def encoder_inputs(grids, cfg: EncoderConfig, *, device=None, dtype=torch.bfloat16,
+                   seed: int = 0) -> EncoderInputs:
+    """Random patches (never zeros) for the given grids, plus varlen metadata."""
+    grids = tuple(tuple(int(v) for v in g) for g in grids)
+    tokens = grid_tokens(grids)
+    gen = torch.Generator().manual_seed(seed)
+    patches = torch.randn(tokens, 3, cfg.patch, cfg.patch, generator=gen).to(device=device, dtype=dtype)
+    lengths = [t * h * w for t, h, w in grids]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32,
+                      device=device)
+    return EncoderInputs(patches, grids, cu, max(lengths))
+
+
+def pick_attention(grids, device) -> str:
+    """The best attention kernel available here for these images.
+
+    Equal-size images batch into one SDPA call (cuDNN's kernel was fastest on
+    an H200 for this shape); mixed sizes use varlen attention; the CPU, or a
+    GPU build without these, falls back to one SDPA call per image.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "sdpa_per_image"
+    if len({tuple(g) for g in grids}) == 1:
+        return "sdpa_cudnn_batched" if _cudnn_attention_works(device) else "sdpa_batched"
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return "sdpa_per_image"
+    return "varlen_attn"
+
+
+_CUDNN_OK: dict[str, bool] = {}
+
+
+def _cudnn_attention_works(device: torch.device) -> bool:
+    """Probe once: cuDNN attention with head_dim 72 on strided (packed-qkv) inputs."""
+    key = str(device)
+    if key not in _CUDNN_OK:
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            qkv = torch.randn(2, 64, 3, 2, 72, device=device, dtype=torch.bfloat16)
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(q, k, v)
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+            _CUDNN_OK[key] = bool((out.float() - ref).abs().max() < 5e-2)
+        except (RuntimeError, ImportError):
+            _CUDNN_OK[key] = False
+    return _CUDNN_OK[key]
