@@ -153,6 +153,8 @@ def test_launch_config_heuristic_is_near_the_best_measured_config():
     if not SWEEP.exists():
         pytest.skip(f"{SWEEP.relative_to(SWEEP.parents[2])} is not in this checkout")
     sweep = pd.read_csv(SWEEP)
+    if "strategy" in sweep.columns:  # the heuristic picks tiles of the default grid strategy
+        sweep = sweep[sweep.strategy.fillna("grid") == "grid"]
     shapes = sweep.groupby(["tokens", "heads", "head_dim", "dtype", "mode"])
     assert len(shapes) > 0
     problems = []
