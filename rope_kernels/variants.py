@@ -184,11 +184,11 @@ def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
     specs = [
         ("sglang_kimi_k25", sglang_kimi_k25.PACKAGE, sglang_kimi_k25.availability,
          lambda: tree_source(sglang_kimi_k25), dict(
-            fn=sglang_kimi_k25.sglang_kimi_k25_rope, launches=3, launches_fp32=3,
+            fn=sglang_kimi_k25.sglang_kimi_k25_rope, launches=4, launches_fp32=4,
             packed_fn=sglang_kimi_k25.sglang_kimi_k25_packed, packed_only=True,
             dtypes=sglang_kimi_k25.DTYPES,
             description="SGLang 0.5.23's Kimi-K2.5 tower: VisionAttention's contiguous copies "
-                        "of q and k (of q, k and v in the encoder), then "
+                        "of q, k and v (timed: the path makes them), then "
                         "apply_fused_qk_complex_rope_inplace, SGLang's JIT CUDA kernel "
                         "(rope.cuh through tvm-ffi) rotating the copies in place; cos|sin "
                         "cache prepared once per freqs_cis")),

@@ -8,9 +8,9 @@ cache and int64 positions), and every layer's ``VisionAttention`` hands q and k 
 kernel (``kernels/jit/csrc/elementwise/rope.cuh``) that SGLang's ``load_jit`` builds
 through apache-tvm-ffi at first use. ``VisionAttention`` sets
 ``pass_strided_qkv = False`` when the model supplies its own position applier (Kimi's
-does), so q, k and v are made contiguous before the rotation: those copies are part
-of the path and of the timed call here (q and k in ``sglang_kimi_k25``; q, k and v in
-the packed call the encoder makes). The prepared cache is built once per freqs_cis
+does), so q, k and v are made contiguous before the rotation: those three copies are
+part of the path and of every timed call here (v's too, though RoPE does not read it:
+the path makes it because of the RoPE applier). The prepared cache is built once per freqs_cis
 (``prepared_per_freqs``), as the engine builds it once per forward.
 
 The files are SGLang's own, from the installed package or from the pinned tree
@@ -152,28 +152,28 @@ def _prepare(freqs_cis: torch.Tensor):
     return source()[3].prepare_fused_qk_complex_rope_inplace(freqs_cis)
 
 
-def sglang_kimi_k25_rope(xq: torch.Tensor, xk: torch.Tensor,
-                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """VisionAttention's contiguous copies of q and k, rotated in place by SGLang's
-    JIT kernel; returns the copies (the caller's q/k stay as they were)."""
-    check_qk(xq, xk)
-    check_freqs_cis(freqs_cis, xq)
-    packed_qkv_of(xq, xk, "sglang_kimi_k25")  # the layout VisionAttention copies from
-    if xq.dtype not in DTYPES:
-        raise TypeError(f"sglang_kimi_k25 supports bfloat16 and float16 only (Kimi-K2.5's "
-                        f"tower keeps other dtypes on its portable path), got {xq.dtype}")
-    prepared = prepared_per_freqs(freqs_cis, "sglang_kimi_k25", _prepare)
-    q, k = xq.contiguous(), xk.contiguous()
-    return source()[3].apply_fused_qk_complex_rope_inplace(q, k, prepared)
-
-
-def sglang_kimi_k25_packed(qkv, freqs_cis, cos, sin):
-    """As VisionAttention runs it on a layer's packed qkv: q, k, v made contiguous,
-    then q and k rotated in place."""
+def sglang_kimi_k25_packed(qkv, freqs_cis, cos=None, sin=None):
+    """As VisionAttention runs it on a layer's packed qkv: q, k and v made contiguous
+    (it opts out of strided q/k/v because the model supplies its own RoPE applier),
+    then q and k rotated in place by SGLang's JIT kernel; returns the copies."""
     q, k, v = (t.contiguous() for t in qkv.unbind(1))
     prepared = prepared_per_freqs(freqs_cis, "sglang_kimi_k25", _prepare)
     q, k = source()[3].apply_fused_qk_complex_rope_inplace(q, k, prepared)
     return q, k, v
+
+
+def sglang_kimi_k25_rope(xq: torch.Tensor, xk: torch.Tensor,
+                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed call on the qkv that xq/xk slice (v's copy included: the path makes
+    it); returns the rotated copies of q and k (the caller's q/k stay as they were)."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    qkv = packed_qkv_of(xq, xk, "sglang_kimi_k25")  # the layout VisionAttention copies from
+    if xq.dtype not in DTYPES:
+        raise TypeError(f"sglang_kimi_k25 supports bfloat16 and float16 only (Kimi-K2.5's "
+                        f"tower keeps other dtypes on its portable path), got {xq.dtype}")
+    q, k, _v = sglang_kimi_k25_packed(qkv, freqs_cis)
+    return q, k
 
 
 @functools.cache
