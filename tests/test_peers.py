@@ -442,3 +442,113 @@ def test_sglang_kimi_k25_refuses_fp32_with_a_reason():
     inp = make_inputs(5, 2, 8, torch.float32, "cpu")
     with pytest.raises(TypeError, match="bfloat16 and float16"):
         sglang_kimi_k25_rope(inp.xq, inp.xk, inp.freqs_cis)
+
+
+# -- the CUDA peers' wiring, with stand-in engine functions on the CPU ----------------
+def _rotate_interleaved(x, cos, sin):
+    """What the engines' kernels compute, in fp32: pairs (2j, 2j+1) turned by the angle."""
+    xf = x.float()
+    x0, x1 = xf[..., 0::2], xf[..., 1::2]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def test_sglang_kimi_k25_hands_the_engine_contiguous_copies_and_its_prepared_cache(monkeypatch):
+    import types
+
+    from rope_kernels.peers import sglang_kimi_k25 as sk
+
+    calls = []
+
+    def prepare(freqs_cis):  # SGLang's prepare_fused_qk_complex_rope_inplace
+        return (torch.cat((freqs_cis.real, freqs_cis.imag), dim=-1),
+                torch.arange(freqs_cis.size(0), dtype=torch.long))
+
+    def apply_inplace(q, k, prepared):
+        cache, positions = prepared
+        calls.append((q, k, cache, positions))
+        half = cache.shape[-1] // 2
+        cos, sin = cache[positions, :half][:, None], cache[positions, half:][:, None]
+        q.copy_(_rotate_interleaved(q, cos, sin))
+        k.copy_(_rotate_interleaved(k, cos, sin))
+        return q, k
+
+    fake = types.SimpleNamespace(prepare_fused_qk_complex_rope_inplace=prepare,
+                                 apply_fused_qk_complex_rope_inplace=apply_inplace)
+    monkeypatch.setattr(sk, "source", lambda: ("0.5.23", "x" * 64, "cache", fake))
+    res = check_variant(sk.sglang_kimi_k25_rope, tokens=9, heads=3, head_dim=72,
+                        dtype=torch.bfloat16, inplace=False)
+    assert res.passed and res.inputs_intact, res
+    q, k, cache, positions = calls[-1]
+    assert q.is_contiguous() and k.is_contiguous()
+    assert cache.dtype == torch.float32 and tuple(cache.shape) == (9, 72)
+    assert positions.dtype == torch.int64
+    inp = make_inputs(9, 3, 72, torch.bfloat16, "cpu")
+    f = inp.freqs_cis
+    sk.sglang_kimi_k25_rope(inp.xq, inp.xk, f)
+    sk.sglang_kimi_k25_rope(inp.xq, inp.xk, f)
+    assert calls[-1][2] is calls[-2][2]  # prepared once per freqs_cis, as once per forward
+    q, k, v = sk.sglang_kimi_k25_packed(inp.qkv, f)
+    assert v.is_contiguous() and torch.equal(v, inp.qkv[:, 2])
+
+
+def test_flashinfer_gets_kimis_cache_positions_and_interleaved_pairs(monkeypatch):
+    import types
+
+    from rope_kernels.peers import flashinfer as fi
+
+    seen = {}
+
+    def apply(positions, query, key, head_size, cache, is_neox=True):
+        seen.update(positions=positions, head_size=head_size, cache=cache, is_neox=is_neox)
+        half = cache.shape[-1] // 2
+        cos, sin = cache[positions, :half][:, None], cache[positions, half:][:, None]
+        query.copy_(_rotate_interleaved(query, cos, sin))
+        key.copy_(_rotate_interleaved(key, cos, sin))
+
+    fake = types.SimpleNamespace(apply_rope_with_cos_sin_cache_inplace=apply)
+    monkeypatch.setattr(fi, "source", lambda: ("0.7.4", "x" * 64, "cache", fake))
+    res = check_variant(fi.flashinfer_rope, tokens=9, heads=3, head_dim=72,
+                        dtype=torch.bfloat16, inplace=True)
+    assert res.passed, res
+    assert seen["is_neox"] is False and seen["head_size"] == 72
+    assert seen["cache"].is_contiguous() and seen["cache"].dtype == torch.float32
+    assert seen["positions"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("name", ["quack_qkv", "quack_rotary"])
+def test_quack_gets_contiguous_fp32_cos_sin_and_the_packed_layout(name, monkeypatch):
+    import types
+
+    from rope_kernels.peers import quack
+
+    seen = {}
+
+    def apply_qkv_(qkv, cos, sin, interleaved=False):
+        seen.update(shape=tuple(qkv.shape), cos=cos, interleaved=interleaved,
+                    grad=torch.is_grad_enabled())
+        qk = qkv[:, :, :2]
+        qk.copy_(_rotate_interleaved(qk, cos[None, :, None, None], sin[None, :, None, None]))
+        return qkv
+
+    def apply_rotary(x, cos, sin, interleaved=False):
+        seen.update(shape=tuple(x.shape), cos=cos, interleaved=interleaved, x=x)
+        return _rotate_interleaved(x, cos[None, :, None], sin[None, :, None])
+
+    rotary = types.ModuleType("quack.rotary")
+    rotary.apply_rotary_emb_qkv_, rotary.apply_rotary = apply_qkv_, apply_rotary
+    package = types.ModuleType("quack")
+    package.rotary = rotary
+    monkeypatch.setitem(sys.modules, "quack", package)
+    monkeypatch.setitem(sys.modules, "quack.rotary", rotary)
+    fn = quack.quack_qkv_rope if name == "quack_qkv" else quack.quack_rotary_rope
+    res = check_variant(fn, tokens=9, heads=3, head_dim=72, dtype=torch.bfloat16,
+                        inplace=name == "quack_qkv")
+    assert res.passed and res.inputs_intact, res
+    assert seen["interleaved"] is True
+    assert seen["cos"].is_contiguous() and seen["cos"].dtype == torch.float32
+    assert tuple(seen["cos"].shape) == (9, 36)
+    if name == "quack_qkv":
+        assert seen["shape"] == (1, 9, 3, 3, 72) and seen["grad"] is False
+    else:  # one out-of-place call on the q|k view of the packed qkv
+        assert seen["shape"] == (1, 9, 6, 72) and seen["x"].stride(-1) == 1
