@@ -60,9 +60,27 @@ for folder in sorted(set(pd.concat(frames)["device_folder"])) if frames else []:
 pd.concat(frames, ignore_index=True) if frames else "no device data yet"
 
 # %% [markdown]
+# ## The study's targets, per device
+#
+# Every target the study judges, evaluated on each device's committed rows by
+# `rope_kernels.study.targets` (the same table `python -m rope_kernels targets` prints and the
+# README reports): met, missed, within noise, or not measured where the rows are absent.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
+from rope_kernels.study import targets as study_targets
+
+for folder in sorted(set(pd.concat(frames)["device_folder"])) if frames else []:
+    verdicts = study_targets.evaluate(study_targets.load_tables(Path(data_root) / folder))
+    print(folder)
+    display(study_targets.summarize(verdicts)[["target", "what", "rule", "regime", "verdict", "counts",
+                                               "measured"]])
+
+# %% [markdown]
 # ## Compiled for GPUs we could not run on
 #
-# Every Triton kernel the project owns, compiled ahead of time on a CPU machine by Triton's own
+# The project's standalone RoPE kernels (not the QKV GEMM), compiled ahead of time on a CPU machine by Triton's own
 # compiler for AMD gfx942 (MI300X) and gfx90a (MI250) and NVIDIA sm_90 and sm_100
 # (`python -m rope_kernels compile-matrix`; `data/compile/compile_matrix.csv`). It proves the
 # kernels compile there and what they use (registers, spills, shared memory), not that they run

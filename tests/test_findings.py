@@ -142,3 +142,16 @@ def test_span():
     assert F.span([1.0, 2.0]) == "1.00-2.00"
     assert F.span([1.001, 1.004]) == "1.00"
     assert F.span([float("nan")]) == "-"
+
+
+def test_rows_beating_the_same_bytes_copy_are_reported(tmp_path):
+    dev = tmp_path / "gpu-c"
+    dev.mkdir()
+    micro = _micro({"native": (100.0, False, ""), "fused": (10.0, False, "")})
+    micro["same_bytes_copy_us"] = micro["median_us"] * 0.9
+    micro["pct_of_same_bytes_copy"] = 90.0
+    micro.loc[0, "pct_of_same_bytes_copy"] = 104.0
+    micro.to_csv(dev / "microbench.csv", index=False)
+    text = F.render_findings(dev)
+    assert "1 of 24 cold rows beat the same-bytes copy by more than 3%" in text
+    assert "fused runs at 90% of its speed" in text
