@@ -55,8 +55,9 @@ def _carry(args) -> int:
     print(main_sizes(out))
     print("call 1 (carry .carry/a): bash tools/device_setup.sh stage\n"
           "call 2 (carry .carry/b and .peers, started right after): "
-          "bash tools/device_setup.sh install; then, in every later call: "
-          "export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages")
+          "bash tools/device_setup.sh install\n"
+          "every later call: eval \"$(bash tools/device_setup.sh env)\" "
+          "(PYTHONPATH for /tmp/site while the machine stays warm)")
     return 0
 
 
