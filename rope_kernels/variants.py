@@ -195,6 +195,7 @@ def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
         ("flashinfer", flashinfer.PACKAGE, flashinfer.availability,
          lambda: tree_source(flashinfer), dict(
             fn=flashinfer.flashinfer_rope, launches=1, launches_fp32=1, inplace=True,
+            dtypes=flashinfer.DTYPES,
             description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
                         "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
                         "and positions built once per freqs_cis")),

@@ -436,12 +436,14 @@ def test_packed_only_cuda_peers_refuse_other_layouts_with_one_line(name):
         fn(inp.xq, inp.xk, inp.freqs_cis)
 
 
-def test_sglang_kimi_k25_refuses_fp32_with_a_reason():
+def test_jit_cuda_peers_refuse_fp32_with_a_reason():
+    from rope_kernels.peers.flashinfer import flashinfer_rope
     from rope_kernels.peers.sglang_kimi_k25 import sglang_kimi_k25_rope
 
     inp = make_inputs(5, 2, 8, torch.float32, "cpu")
-    with pytest.raises(TypeError, match="bfloat16 and float16"):
-        sglang_kimi_k25_rope(inp.xq, inp.xk, inp.freqs_cis)
+    for fn in (sglang_kimi_k25_rope, flashinfer_rope):
+        with pytest.raises(TypeError, match="bfloat16 and float16"):
+            fn(inp.xq, inp.xk, inp.freqs_cis)
 
 
 # -- the CUDA peers' wiring, with stand-in engine functions on the CPU ----------------

@@ -37,6 +37,7 @@ PACKAGE = "flashinfer-python"
 TREE = TREES["flashinfer_rope"]
 PINNED_VERSION = TREE.version
 ENTRY_FILE = "flashinfer/rope.py"
+DTYPES = (torch.bfloat16, torch.float16)  # rope.cu dispatches q/k on fp16 and bf16 only
 
 
 @functools.cache
@@ -79,6 +80,9 @@ def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     check_writable_in_place(xq, xk)
+    if xq.dtype not in DTYPES:
+        raise TypeError(f"flashinfer supports bfloat16 and float16 only (its rope kernel "
+                        f"dispatches on those), got {xq.dtype}")
     cache, positions = prepared_per_freqs(freqs_cis, "flashinfer", _cos_sin_cache)
     source()[3].apply_rope_with_cos_sin_cache_inplace(positions, xq, xk, xq.shape[-1], cache,
                                                       is_neox=False)
