@@ -319,6 +319,15 @@ def rope_triton_kernels() -> tuple[str, ...]:
     return tuple(sorted({k for v in registry().values() for k in v.triton_kernels}))
 
 
+def encoder_only_absent() -> dict[str, str]:
+    """The encoder-only RoPE modes (``vocabulary.ENCODER_ONLY_ROPE``) that cannot run
+    here -> why: ``gemm_epilogue_quack`` needs QuACK's GEMM (peers/quack_gemm.py)."""
+    from rope_kernels.peers import quack_gemm
+
+    ok, why = quack_gemm.availability()
+    return {} if ok else {"gemm_epilogue_quack": why}
+
+
 def absent_reason(name: str) -> str:
     """Why a known variant does not run here ("" when it does; ValueError when unknown)."""
     if name not in KNOWN_VARIANTS:

@@ -32,6 +32,11 @@ def test_every_kernel_compiles_for_every_target(tmp_path):
     assert amd["waves_per_simd"].notna().all()
     assert (table.loc[table["backend"] == "cuda", "binary"] == "cubin").all()
     assert table["triton_version"].notna().all() and table["git_commit"].notna().all()
+    # The QKV GEMM: TMA path (Hopper and newer) and pointer path (AMD), and on AMD its
+    # operand buffers fit the 64 KB of LDS a workgroup may use on MI300X/MI250.
+    assert {"qkv_gemm_tma", "qkv_gemm_pointers"} <= set(table["kernel"])
+    qkv_amd = amd[amd["kernel"] == "qkv_gemm_pointers"]
+    assert len(qkv_amd) == 2 and (qkv_amd["shared_bytes"] <= 64 * 1024).all()
 
 
 BROKEN = '''

@@ -405,20 +405,63 @@ def test_bad_angles_inputs_and_settings():
                         config=QKVGemmConfig(block_n=32, heads_per_tile=4), permuted=permuted)
 
 
-def test_qkv_bench_rows_and_roofline():
-    """The benchmark's rows on a tiny CPU problem (wall clock), and its roofline table."""
-    from rope_kernels.bench.qkv_bench import image_grids, roofline, run_qkv_bench
+def test_qkv_bench_rows_sweep_correctness_and_roofline():
+    """The benchmark's two tables on a tiny CPU problem (wall clock): every variant
+    a row (QuACK absent with its reason), swept variants at their best config,
+    every timed row checked against float64; and its roofline table."""
+    from rope_kernels.bench.qkv_bench import (COLUMNS, QKV_VARIANTS, image_grids, roofline,
+                                              run_qkv_bench)
 
     assert sum(t * h * w for t, h, w in image_grids(87616)) == 87616
-    df = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
-                       samples=1, variants=("cublas_linear", "qkv_rope_linear"), progress=False)
-    assert list(df.variant) == ["cublas_linear", "qkv_rope_linear"]
-    assert (df.median_us > 0).all() and (df.p20_us <= df.p80_us).all()
-    # each row's time over cuBLAS's at the same token count (not x/x: the other row too)
-    assert df.ratio_to_cublas.tolist() == pytest.approx(
-        [1.0, df.median_us.iloc[1] / df.median_us.iloc[0]], rel=1e-12)
+    variants = [v for v in QKV_VARIANTS if v != "compile_max_autotune"]
+    bench = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
+                          samples=1, variants=variants, progress=False)
+    df, sweep = bench.rows, bench.sweep
+    assert list(df.variant) == variants
+    assert list(df.columns[:len(COLUMNS)]) == list(COLUMNS)
+    timed = df.dropna(subset=["median_us"])
+    assert set(timed.variant) == {"cublas_linear", "cublas_linear+fused_rope", "qkv_rope_linear",
+                                  "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out"}
+    assert (timed.median_us > 0).all() and (timed.p20_us <= timed.p80_us).all()
+    assert (timed.matches_float64 == "True").all(), timed[["variant", "max_abs_err",
+                                                          "error_tolerance"]]
+    assert (timed.max_abs_err <= timed.error_tolerance).all()
+    assert df.ratio_to_cublas.iloc[0] == 1.0 and df.ratio_to_cublas_fused_rope.iloc[1] == 1.0
+    # each row's time over cuBLAS's at the same token count (not x/x: the other rows too)
+    base = df.median_us.iloc[0]
+    assert timed.ratio_to_cublas.tolist() == pytest.approx((timed.median_us / base).tolist(),
+                                                           rel=1e-12)
     assert {"device_name", "git_commit", "torch_version", "tflops", "note"} <= set(df.columns)
+    quack_rows = df[df.variant.str.startswith("quack")]
+    assert quack_rows.median_us.isna().all() and quack_rows.note.str.startswith("absent").all()
+    # the sweep: our two CPU configs; the main row is the faster, and the variants
+    # at our best config carry its label
+    ours = sweep[sweep.variant == "qkv_rope_linear"]
+    assert len(ours) == 2 and ours.config.str.contains("persistent").sum() == 1
+    best = ours.loc[ours.median_us.idxmin()]
+    main = df.set_index("variant")
+    assert main.loc["qkv_rope_linear", "config"] == best.config
+    assert main.loc["qkv_rope_linear", "median_us"] == best.median_us
+    assert main.loc["qkv_rope_linear_angles", "config"] == best.config
+    assert main.loc["qkv_gemm_rotation_compiled_out", "reference"] == "x W^T + b"
     roof = roofline(df, peak_tflops=100.0, hbm_gbps=1000.0)
     assert (roof.ceiling_tflops <= 100.0).all() and (roof.fraction_of_ceiling > 0).all()
     with pytest.raises(ValueError, match="unknown variants"):
         run_qkv_bench((37,), device="cpu", variants=("cublas",))
+    with pytest.raises(ValueError, match="include qkv_rope_linear"):
+        run_qkv_bench((37,), device="cpu", variants=("qkv_rope_linear_angles",))
+    with pytest.raises(ValueError, match="unknown QuACK configs"):
+        run_qkv_bench((37,), device="cpu", quack_configs=("fast",))
+
+
+def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
+    """A variant computing the wrong thing gets matches_float64 False, not a pass."""
+    from rope_kernels.bench import qkv_bench
+
+    monkeypatch.setattr(qkv_bench, "_linear_then_fused",
+                        lambda x, w, b, cos, sin, h, d: qkv_bench.F.linear(x, w, b).view(
+                            x.shape[0], 3, h, d))  # forgets the rotation
+    df = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
+                                 mode="eager", samples=1, progress=False,
+                                 variants=("cublas_linear", "cublas_linear+fused_rope")).rows
+    assert list(df.matches_float64) == ["True", "False"]

@@ -111,14 +111,42 @@ def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
     apply_rotary_interleaved(q.float(), freqs_cis.real.contiguous(), freqs_cis.imag.contiguous())
 
 
+def _qkv_gemm_launch(use_tma: bool):
+    """The QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as ``qkv_rope_linear`` launches
+    it with the GPU config ``qkv_gemm_config`` picks: TMA descriptors with the NVIDIA
+    config (what Hopper and newer run), or pointer loads with the AMD config (what
+    MI300X/MI250 run; on the NVIDIA targets, what pre-Hopper GPUs would)."""
+    def launch(tokens, heads, head_dim, dtype):
+        from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_gemm_config, qkv_rope_linear
+
+        hidden = 1152
+        x = torch.empty(tokens, hidden, dtype=dtype, device="meta")
+        w = torch.empty(3 * heads * head_dim, hidden, dtype=dtype, device="meta")
+        b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
+        _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
+        gpu = qkv_gemm_config(heads, head_dim, torch.device("cuda"), x.element_size(),
+                              amd=not use_tma)
+        config = QKVGemmConfig(**{**gpu.__dict__, "use_tma": use_tma})
+        qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag, config=config)
+    return launch
+
+
+# The QKV GEMM's kernels at Kimi's shape (16 heads x 72) in bf16: each compile takes
+# seconds, so not every study shape and dtype.
+QKV_GEMM_SHAPES = {72: (16,)}
+
 KERNELS = (
     KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_kernel", _launch_fused),
     # The merged path upcasts q and k to fp32 before its rotary kernel: fp32 is the
     # only variant it launches, whatever the model's dtype.
     KernelEntry("vllm_merged_recreated", "rope_kernels.kernels.vllm_merged_recreated",
                 "_rotary_interleaved_kernel", _launch_vllm_merged_recreated, dtypes=("float32",)),
-    # The QKV GEMM joins with one line once it lands, e.g.
-    # KernelEntry("qkv_gemm", "rope_kernels.kernels.qkv_gemm", "<its kernel>", <its launch>),
+    KernelEntry("qkv_gemm_pointers", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
+                _qkv_gemm_launch(use_tma=False), dtypes=("bfloat16",),
+                heads_by_head_dim=QKV_GEMM_SHAPES),
+    KernelEntry("qkv_gemm_tma", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
+                _qkv_gemm_launch(use_tma=True), dtypes=("bfloat16",),
+                heads_by_head_dim=QKV_GEMM_SHAPES),
 )
 
 

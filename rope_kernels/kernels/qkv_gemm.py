@@ -599,19 +599,24 @@ def tile_layout(heads: int, head_dim: int, widths=(128, 64), min_pairs: int = 1)
 
 
 def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
-                    element_size: int = 2) -> QKVGemmConfig:
+                    element_size: int = 2, *, amd: bool | None = None) -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
-    GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best) with the N-tile
-    layout of least padding (``tile_layout``), at least 16 bytes of each head per
-    tile (the smallest TMA box). The CPU interpreter: small tiles (its cost grows
+    NVIDIA GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best) with the
+    N-tile layout of least padding (``tile_layout``), at least 16 bytes of each
+    head per tile (the smallest TMA box). AMD GPUs (``amd``; None: ROCm builds of
+    torch): the same tiles with 2 stages, so the operand buffers fit the 64 KB of
+    LDS of MI300X/MI250 (3 stages need 96 KB: the compile matrix's shared bytes);
+    not measured on an AMD GPU. The CPU interpreter: small tiles (its cost grows
     with the tile count and size, not with the GEMM's efficiency)."""
     if device.type == "cpu":
         block_n, hpt = tile_layout(heads, head_dim, widths=(64,))
         return QKVGemmConfig(block_m=32, block_n=block_n, block_k=32, heads_per_tile=hpt,
                              group_m=1, num_stages=1, num_warps=4)
     block_n, hpt = tile_layout(heads, head_dim, min_pairs=max(1, 8 // element_size))
-    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt)
+    if amd is None:
+        amd = bool(getattr(torch.version, "hip", None))
+    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, **({"num_stages": 2} if amd else {}))
 
 
 def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,

@@ -18,20 +18,25 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
+from rope_kernels.kernels.freqs import (grid_tokens, vision_freqs_cis, vision_patch_coords,
+                                        vision_rope_frequencies)
 from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
-from rope_kernels.variants import VARIANTS, peer_status
+from rope_kernels.peers import quack_gemm
+from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
-# projection's epilogue, kernels/qkv_gemm.py); how attention runs ("auto": per device)
+# projection's epilogue, kernels/qkv_gemm.py), "gemm_epilogue_quack" (the same in
+# QuACK's GEMM, peers/quack_gemm.py, where QuACK runs); how attention runs ("auto": per device)
 from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
 
 
 def rope_variants() -> tuple[str, ...]:
     """Every registered variant and peer that runs here (as the registry calls it on
-    a packed qkv), plus ``ENCODER_ONLY_ROPE``. Builds the registry on first call."""
-    return (*VARIANTS, *ENCODER_ONLY_ROPE)
+    a packed qkv), plus the ``ENCODER_ONLY_ROPE`` variants that run here. Builds the
+    registry on first call."""
+    absent = encoder_only_absent()
+    return (*VARIANTS, *(v for v in ENCODER_ONLY_ROPE if v not in absent))
 
 
 class _Layer(nn.Module):
@@ -149,6 +154,7 @@ class MoonViTEncoder(nn.Module):
                 max_seqlen: int | None = None) -> torch.Tensor:
         if rope not in rope_variants():
             absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
+            absent.update(encoder_only_absent())
             why = (f" ({rope} is not available here: {absent[rope]})"
                    if isinstance(rope, str) and rope in absent else "")
             raise ValueError(f"rope must be one of {rope_variants()}, got {rope!r}{why}")
@@ -171,10 +177,20 @@ class MoonViTEncoder(nn.Module):
         x = x + self._position_embedding(grids)
         freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
         cos, sin = cos_sin_views(freqs_cis)
+        quack_ops = None
         for blk in self.blocks:
             h = blk.norm0(x)
             if rope == "gemm_epilogue":  # W permuted in each call (one gather, nothing cached)
                 q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads).unbind(1)
+            elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
+                if quack_ops is None:  # positions and frequency tables, once per forward
+                    quack_ops = quack_gemm.kimi_mrope_operands(
+                        cfg.heads, cfg.head_dim, vision_patch_coords(grids, device=x.device),
+                        vision_rope_frequencies(cfg.head_dim, theta=cfg.theta, device=x.device),
+                        None)
+                ops = {**quack_ops, "bias": blk.wqkv.bias.float()[None, :]}
+                q, k, v = quack_gemm.quack_gemm_rope(h, blk.wqkv.weight, blk.wqkv.bias, cfg.heads,
+                                                     ops).unbind(1)
             else:
                 qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
                 q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)

@@ -48,6 +48,9 @@ VARIANT_COLORS = {
     "quack_gemm_rope": "#c51b7d",
     "qkv_rope_linear": "#8b0000",
     "qkv_rope_linear_angles": "#c49c94",
+    "qkv_gemm_rotation_compiled_out": "#e7969c",
+    "quack_gemm": "#de77ae",
+    "gemm_epilogue_quack": "#4d004b",
 }
 _FALLBACK_COLORS = ("#637939", "#7b4173", "#843c39", "#3182bd", "#a55194", "#6b6ecf",
                     "#bd9e39", "#ad494a", "#5254a3", "#8ca252")

@@ -249,6 +249,7 @@ PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
 MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
 TTFT_KEY = ("variant", "resolution", "images", "mode", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
+QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
 # Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
 # not yet carry ``in_place``: what rows written before the column get.
@@ -307,7 +308,10 @@ RESULT_FILES: dict[str, Table] = {
                       added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms",
                                             "in_place"),
                       derived={"in_place": _old_rows_in_place}),
+    # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
+    # one per swept variant x config
     "qkv_gemm.csv": Table(QKV_KEY),
+    "qkv_gemm_sweep.csv": Table(QKV_SWEEP_KEY),
     # the QKV GEMM config probe's rows (tools/qkv_probe.py, one GPU run), not a notebook's
     "qkv_gemm_configs.csv": Table(("variant", "config") + QKV_KEY[1:]),
 }
@@ -340,7 +344,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "qkv_tokens": Param([37], _qkv_tokens_rule),
         "qkv_compile_budget_s": Param(60, at_least(0)),
         "data_dir": _DATA_DIR,
-    }, writes=("microbench.csv", "fused_configs.csv", "qkv_gemm.csv"), delivers="microbench.csv",
+    }, writes=("microbench.csv", "fused_configs.csv", "qkv_gemm.csv", "qkv_gemm_sweep.csv"), delivers="microbench.csv",
         shard=Shard("families", _family_rows, after_first={"config_sweep": False})),
     NotebookSpec("03_profile", {
         "device": _DEVICE,
