@@ -80,7 +80,8 @@ for folder in sorted(set(pd.concat(frames)["device_folder"])) if frames else []:
 # %% [markdown]
 # ## Compiled for GPUs we could not run on
 #
-# The project's standalone RoPE kernels (not the QKV GEMM), compiled ahead of time on a CPU machine by Triton's own
+# The project's Triton kernels (the standalone RoPE kernels and the QKV GEMM: its TMA path with the
+# NVIDIA config, its pointer path with the AMD config), compiled ahead of time on a CPU machine by Triton's own
 # compiler for AMD gfx942 (MI300X) and gfx90a (MI250) and NVIDIA sm_90 and sm_100
 # (`python -m rope_kernels compile-matrix`; `data/compile/compile_matrix.csv`). It proves the
 # kernels compile there and what they use (registers, spills, shared memory), not that they run
