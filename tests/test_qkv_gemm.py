@@ -147,6 +147,21 @@ def test_config_labels_and_subtile_needs_two_heads():
         assert fitted.block_m == config.block_m and fitted.persistent == config.persistent
 
 
+def test_padded_pairs(device):
+    """A tile layout that pads each head's 36 pairs to 40 (8 pairs a tile, as the
+    128x256 candidate does at Kimi's shape), through TMA and pointers."""
+    x, w, b, freqs_cis = make_problem(device)
+    for use_tma in (True, False):
+        config = QKVGemmConfig(block_m=16, block_n=32, block_k=16, heads_per_tile=2, group_m=2,
+                               num_stages=1, num_warps=4, use_tma=use_tma)
+        assert config.pairs_per_tile == 8
+        out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
+        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
+        assert torch.isfinite(out).all(), "an output element was never written"
+        err, tol = judge(out, x, w, b, freqs_cis)
+        assert err <= tol, (use_tma, err, tol)
+
+
 def test_wrong_rotation_is_caught(device):
     """A deliberately wrong epilogue (sin's sign flipped) must fail the check."""
     x, w, b, freqs_cis = make_problem(device)

@@ -564,15 +564,18 @@ class QKVGemmConfig:
 
 
 # Candidates notebook 02 times beside the default on a GPU (its QKV section records
-# every one; the headline rows use the fastest of the same run). Tile shapes and
-# stages as measured best so far (qkv_gemm_configs.csv), the persistent grid with
-# the grouping that suited it there, and the subtiled epilogue. block_n and
-# heads_per_tile are replaced by the layout ``qkv_gemm_config`` picks for the shape.
+# every one; the headline rows use the fastest of the same run): the subtiled
+# epilogue; the persistent grid with the grouping that suited it in the probe
+# (qkv_gemm_configs.csv), at 128 and 256 rows (the latter fastest at 43,808 tokens
+# there); and 128x256 tiles, 3 stages (the persistent-matmul tutorial's Hopper
+# choice; for Kimi's 16 x 72 it pads 36 pairs to 40: 11% more MMA work, untried).
+# block_n and heads_per_tile become the layout of least padding at that width.
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
     QKVGemmConfig(epilogue_subtile=True),
     QKVGemmConfig(group_m=1, persistent=True),
     QKVGemmConfig(block_m=256, num_stages=3, group_m=1, persistent=True),
+    QKVGemmConfig(block_n=256, num_stages=3),
 )
 
 
