@@ -480,3 +480,29 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
                                  mode="eager", samples=1, progress=False,
                                  variants=("cublas_linear", "cublas_linear+fused_rope")).rows
     assert list(df.matches_float64) == ["True", "False"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
+def test_candidate_configs_match_float64_at_kimi_size(angles):
+    """Every config notebook 02 sweeps, compiled, at Kimi's projection (1152 -> 3 x 16 x 72)
+    and a token count no tile divides: the GPU paths (TMA, persistent, subtiled, padded
+    pairs) against float64 (GPU only)."""
+    from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
+
+    grids = [(1, 74, 74), (1, 1, 77)]
+    x, w, b, freqs_cis = make_problem("cuda", heads=16, head_dim=72, hidden=1152, grids=grids,
+                                      seed=0)
+    tokens = x.shape[0]
+    for config in QKV_CANDIDATE_CONFIGS:
+        config = with_layout(config, 16, 72)
+        out = torch.full((tokens, 3, 16, 72), float("nan"), dtype=x.dtype, device="cuda")
+        if angles:
+            qkv_rope_linear_angles(x, w, b, vision_patch_coords(grids, device="cuda"),
+                                   vision_rope_frequencies(72, device="cuda"), config=config,
+                                   out=out)
+        else:
+            qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
+        assert torch.isfinite(out).all(), (config.label, "an output element was never written")
+        err, tol = judge(out, x, w, b, freqs_cis)
+        assert err <= tol, (config.label, err, tol)
