@@ -38,6 +38,29 @@ def new_seed() -> int:
     return secrets.randbits(32)
 
 
+def draw_rope_inputs(gen: torch.Generator, tokens: int, heads: int, head_dim: int,
+                     dtype: torch.dtype, device=None, *, packed: bool = True) -> RopeInputs:
+    """The one generator of RoPE inputs (checks, benchmarks and notebooks draw here):
+    q/k random normal (views of a packed (T, 3, H, D) qkv by default), angles uniform
+    in +-64 pi (large angles, as far-off patches have). Drawn from ``gen`` on its own
+    device, then cast to ``dtype`` and moved to ``device`` (default: gen's)."""
+    device = gen.device if device is None else device
+
+    def normal(*shape):
+        return torch.randn(shape, generator=gen, device=gen.device).to(dtype).to(device)
+
+    if packed:
+        qkv = normal(tokens, 3, heads, head_dim)
+        xq, xk, _ = qkv.unbind(1)
+    else:
+        qkv = None
+        xq, xk = normal(tokens, heads, head_dim), normal(tokens, heads, head_dim)
+    angles = (torch.rand(tokens, head_dim // 2, generator=gen, device=gen.device) * 2 - 1) \
+        * math.pi * 64
+    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
+    return RopeInputs(qkv, xq, xk, freqs_cis, int(gen.initial_seed()))
+
+
 def make_inputs(
     tokens: int,
     heads: int,
@@ -48,21 +71,13 @@ def make_inputs(
     packed: bool = True,
     seed: int | None = None,
 ) -> RopeInputs:
-    """Random q/k (as views of a packed (T, 3, H, D) qkv by default) and random angles,
-    drawn from ``seed`` (a fresh one when None; recorded in the result)."""
+    """One check's inputs (``draw_rope_inputs``) from ``seed`` (a fresh one when None;
+    recorded in the result), drawn on the CPU so a seed means the same inputs on
+    every device."""
     seed = new_seed() if seed is None else int(seed)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
-    if packed:
-        qkv = torch.randn(tokens, 3, heads, head_dim, generator=gen).to(dtype).to(device)
-        xq, xk, _ = qkv.unbind(1)
-    else:
-        qkv = None
-        xq = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
-        xk = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
-    angles = (torch.rand(tokens, head_dim // 2, generator=gen) * 2 - 1) * math.pi * 64
-    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
-    return RopeInputs(qkv, xq, xk, freqs_cis, seed)
+    return draw_rope_inputs(gen, tokens, heads, head_dim, dtype, device, packed=packed)
 
 
 @dataclass(frozen=True)

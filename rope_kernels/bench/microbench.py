@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from rope_kernels.correctness import draw_rope_inputs
 from rope_kernels.provenance import provenance
 from rope_kernels.roofline import minimal_bytes  # noqa: F401  (its home: roofline.py)
 from rope_kernels.bench.same_bytes_copy import same_bytes_copy, same_bytes_copy_inplace
@@ -57,18 +57,15 @@ def expand_families(families: Iterable[dict]) -> list[Shape]:
 
 
 def make_arg_sets(shape: Shape, dtype: torch.dtype, device, count: int, seed: int = 0):
-    """``count`` independent (xq, xk, freqs_cis) sets; q/k are views of packed qkv."""
+    """``count`` independent (xq, xk, freqs_cis) sets (``correctness.draw_rope_inputs``,
+    drawn on ``device`` itself: cold-L2 rotation needs many large sets); q/k are
+    views of packed qkv."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     sets = []
     for _ in range(count):
-        qkv = torch.randn((shape.tokens, 3, shape.heads, shape.head_dim), device=device,
-                          generator=gen).to(dtype)
-        angles = torch.rand((shape.tokens, shape.head_dim // 2), device=device,
-                            generator=gen) * (2 * math.pi)
-        freqs = torch.polar(torch.ones_like(angles), angles)
-        xq, xk, _ = qkv.unbind(1)
-        sets.append((xq, xk, freqs))
+        inp = draw_rope_inputs(gen, shape.tokens, shape.heads, shape.head_dim, dtype)
+        sets.append((inp.xq, inp.xk, inp.freqs_cis))
     return sets
 
 
