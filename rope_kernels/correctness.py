@@ -105,7 +105,8 @@ class CheckResult:
         return asdict(self)
 
 
-def _max_abs(outs, refs) -> float:
+def max_abs_error(outs, refs) -> float:
+    """Largest |out - ref| over paired tensors (outputs against their float64 references)."""
     errs = [(o.detach().double() - r).abs().max().item() for o, r in zip(outs, refs)]
     return max(errs)
 
@@ -154,7 +155,7 @@ def check_variant(
     inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
     ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
     native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
-    native_err = _max_abs(native, ref)
+    native_err = max_abs_error(native, ref)
     watched = _untouchable(inp, inplace)
     before = [t.clone() for t in watched]
 
@@ -166,7 +167,7 @@ def check_variant(
     if any(tuple(o.shape) != tuple(inp.xq.shape) or o.dtype != dtype for o in outs):
         raise TypeError(f"{name} returned tensors of the wrong shape or dtype")
 
-    err = _max_abs(outs, ref)
+    err = max_abs_error(outs, ref)
     scale = max(r.abs().max().item() for r in ref)
     if dtype == torch.float32:
         tol = FP32_REL_TOL * scale
