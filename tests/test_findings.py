@@ -155,3 +155,13 @@ def test_rows_beating_the_same_bytes_copy_are_reported(tmp_path):
     text = F.render_findings(dev)
     assert "1 of 24 cold rows beat the same-bytes copy by more than 3%" in text
     assert "fused runs at 90% of its speed" in text
+
+
+def test_rows_without_cold_kimi_shapes_say_not_measured(tmp_path):
+    dev = tmp_path / "gpu-e"
+    dev.mkdir()
+    _micro({"native": (100.0, False, ""), "fused": (10.0, False, "")}).assign(mode="eager").to_csv(
+        dev / "microbench.csv", index=False)
+    text = F.render_findings(dev)
+    assert "**Roofline:** not measured" in text and "-%" not in text
+    assert "**Kernel alone:** not measured" in text

@@ -250,6 +250,8 @@ def roofline_section(files: dict) -> list[str]:
     cold = micro[micro["mode"] == T.COLD]
     fused = cold[cold["variant"] == "fused"]
     kimi = fused[(fused["head_dim"] == 72) & (fused["tokens"] == max(T.KIMI_TOKENS))]
+    if kimi.empty:
+        return [f"- **Roofline:** not measured (no cold fused rows at {max(T.KIMI_TOKENS):,} tokens x 72)."]
     out = [f"- **Roofline** (minimal bytes at the copy ceiling over the time): fused reaches "
            f"{span(_pct_of_ceiling(kimi), '{:.1f}')}% at {max(T.KIMI_TOKENS):,} tokens of 16, 4 or 2 heads x 72"]
     big = fused[fused["tokens"] >= 21904]
