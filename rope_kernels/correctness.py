@@ -61,6 +61,27 @@ def draw_rope_inputs(gen: torch.Generator, tokens: int, heads: int, head_dim: in
     return RopeInputs(qkv, xq, xk, freqs_cis, int(gen.initial_seed()))
 
 
+def draw_qkv_problem(gen: torch.Generator, grids, hidden: int, heads: int, head_dim: int,
+                     dtype: torch.dtype = torch.bfloat16, device=None, *, bias: bool = True):
+    """The one generator of QKV-projection inputs (the QKV GEMM's tests and benchmark):
+    x (T, hidden) and b random normal, W (3 H D, hidden) scaled by 1/sqrt(hidden) (outputs
+    of order one), drawn from ``gen`` on its device, cast to ``dtype``, moved to
+    ``device``; and Kimi's freqs_cis for the images' patch ``grids``. Returns
+    (x, w, b or None, freqs_cis)."""
+    from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis
+
+    device = gen.device if device is None else device
+    tokens, out_features = grid_tokens(grids), 3 * heads * head_dim
+
+    def normal(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen, device=gen.device) * scale).to(dtype).to(device)
+
+    x = normal(tokens, hidden)
+    w = normal(out_features, hidden, scale=hidden ** -0.5)
+    b = normal(out_features) if bias else None
+    return x, w, b, vision_freqs_cis(grids, head_dim, device=device)
+
+
 def make_inputs(
     tokens: int,
     heads: int,

@@ -7,8 +7,6 @@ the native path in the same dtype (cuBLAS-style linear rounded to bf16, then
 Kimi's native RoPE) plus a small floor.
 """
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +18,7 @@ from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, per
                                            qkv_rope_linear, qkv_rope_linear_angles, qkv_row_order,
                                            rotating_qkv_projection, tile_layout,
                                            unpermute_qkv_weight)
+from rope_kernels.correctness import draw_qkv_problem, new_seed
 from rope_kernels.kernels.reference import cos_sin_views
 
 HEADS, HEAD_DIM, HIDDEN = 2, 72, 48
@@ -30,13 +29,9 @@ FLOOR = 1e-6
 
 def make_problem(device, *, heads=HEADS, head_dim=HEAD_DIM, hidden=HIDDEN, grids=GRIDS,
                  bias=True, dtype=torch.bfloat16, seed=None):
-    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**63)
-    tokens = sum(t * h * w for t, h, w in grids)
-    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(device)
-    w = (torch.randn(3 * heads * head_dim, hidden, generator=gen) / math.sqrt(hidden)).to(dtype)
-    b = torch.randn(3 * heads * head_dim, generator=gen).to(dtype) if bias else None
-    freqs_cis = vision_freqs_cis(grids, head_dim, device=device)
-    return x, w.to(device), (b.to(device) if bias else None), freqs_cis
+    """correctness.draw_qkv_problem on the CPU generator (a seed: the same problem anywhere)."""
+    gen = torch.Generator().manual_seed(new_seed() if seed is None else seed)
+    return draw_qkv_problem(gen, grids, hidden, heads, head_dim, dtype, device, bias=bias)
 
 
 def judge(out, x, w, b, freqs_cis):

@@ -41,8 +41,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from rope_kernels.correctness import draw_qkv_problem
 from rope_kernels.bench.timing import time_fn
-from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vision_rope_frequencies
+from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
 from rope_kernels.kernels.fused import fused_qk_rope
 from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKVGemmConfig,
                                            permute_qkv_weight, qkv_gemm_config,
@@ -80,14 +81,12 @@ def make_args(tokens: int, hidden: int, heads: int, head_dim: int, device, *, se
     coordinates and Kimi's frequencies; ``permuted`` and ``quack`` are filled in
     (outside any timing) by the variants that need them."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    out_features = 3 * heads * head_dim
     grids = image_grids(tokens)
-    freqs_cis = vision_freqs_cis(grids, head_dim, device=device)
+    x, w, b, freqs_cis = draw_qkv_problem(gen, grids, hidden, heads, head_dim, dtype)
     return {
-        "x": torch.randn(tokens, hidden, device=device, generator=gen).to(dtype),
-        "w": (torch.randn(out_features, hidden, device=device, generator=gen)
-              / hidden**0.5).to(dtype),
-        "b": torch.randn(out_features, device=device, generator=gen).to(dtype),
+        "x": x,
+        "w": w,
+        "b": b,
         "freqs_cis": freqs_cis,
         "cos_sin": cos_sin_views(freqs_cis),
         "coords": vision_patch_coords(grids, device=device),
