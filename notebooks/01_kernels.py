@@ -54,6 +54,7 @@ import triton.language as tl
 
 from rope_kernels import VARIANTS, cos_sin_views, native_rope
 from rope_kernels.correctness import check_variant
+from rope_kernels.bench.correctness_sweep import absent, correctness_rows
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 from rope_kernels.bench.timing import time_fn
 from rope_kernels.kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config
@@ -101,7 +102,7 @@ show_source(fused_launch_config)
 # variant and checked against the profiler in notebook 3.
 
 # %%
-names = variants or list(VARIANTS)
+names = [n for n in variants or VARIANTS if n in VARIANTS]  # absent peers: see below
 pd.DataFrame([{"variant": n, "launches": VARIANTS[n].launches,
                "launches_fp32": VARIANTS[n].launches_fp32,
                "description": VARIANTS[n].description} for n in names])
@@ -118,16 +119,13 @@ pd.DataFrame([{"variant": n, "launches": VARIANTS[n].launches,
 from rope_kernels.variants import peer_status
 pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
 
+# %% [markdown]
+# Every registered variant against float64 on every dtype and shape, and every peer the registry
+# knows that cannot run here, recorded with the reason (not run) instead of left out:
+
 # %%
-rows = []
-for name in names:
-    for dt in dtypes:
-        for tokens, heads, head_dim in shapes:
-            r = check_variant(VARIANTS[name], tokens=tokens, heads=heads, head_dim=head_dim,
-                              dtype=parse_dtype(dt), device=dev, seed=seed)
-            rows.append(r.as_dict())
-correctness = pd.DataFrame(rows)
-shown = correctness[["variant", "dtype", "tokens", "heads", "head_dim", "max_abs_err",
+correctness = pd.DataFrame(correctness_rows(variants, dtypes, shapes, device=dev, seed=seed))
+shown = correctness[~absent(correctness)][["variant", "dtype", "tokens", "heads", "head_dim", "max_abs_err",
                      "native_max_abs_err", "tolerance", "rel_err", "inputs_intact", "passed",
                      "reason"]]
 errors = ["max_abs_err", "native_max_abs_err", "tolerance", "rel_err"]
@@ -135,8 +133,16 @@ with_units(shown).style.format({header: "{:.1e}" for header in with_units(shown[
     axis="index")
 
 # %% [markdown]
+# Peers that could not run here (their rows are recorded, not run; the reason depends on this
+# machine):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+correctness[absent(correctness)].groupby("variant", sort=False)[["peer_package", "reason"]].first()
+
+# %% [markdown]
 # Per variant and dtype: `pass`, `FAIL`, or `n/a` where the implementation does not take
-# those inputs (its row above says why; such rows are recorded, not run).
+# those inputs or cannot run here (its row above says why; such rows are recorded, not run).
 
 # %%
 outcome = correctness.passed.map({True: "pass", False: "FAIL"}).where(correctness.supported, "n/a")

@@ -27,17 +27,28 @@ modes = ["eager"]  # eager | cudagraph
 samples = 2
 attention = "auto"  # auto | sdpa_cudnn_batched | sdpa_batched | varlen_attn | sdpa_per_image
 max_tokens = 400000  # skip buckets with more vision tokens than this (memory)
-prefill_tokens_per_s = 0.0  # > 0: add a modeled TTFT, encoder plus LLM prefill (a model, labelled)
+# time to first token = encoder latency (measured) + the language model's prefill (modelled):
+text_tokens = 64  # text tokens of the prompt besides the images
+prefill_tokens_per_s = 0.0  # > 0: your measured prefill throughput replaces the FLOP model below
+llm_active_params_b = 32.0  # billions of parameters per token (Kimi-K2.5's LLM: 32B of 1.04T, MoE)
+llm_gpus = 8  # GPUs the language model is served on
+llm_peak_tflops = 989.0  # dense bf16 TFLOP/s per GPU (H200)
+llm_mfu = [0.15, 0.30, 0.45]  # assumed model FLOPs utilisation: low, central, high
 seed = 0
 progress = True
-data_dir = ""  # where to upsert ttft.csv; empty: do not save
+data_dir = ""  # where to upsert encoder_latency.csv; empty: do not save
 
 # %% [markdown]
-# # 4. The vision encoder: latency versus image count
+# # 4. The vision encoder: latency and time to first token versus image count
 #
 # **Question.** Users feel a kernel as time-to-first-token of a multimodal request. How much
 # does the RoPE choice change the Kimi-K2.5 vision encoder's latency as images per request
-# grow, and how close does each variant get to the floor (the same encoder with RoPE skipped)?
+# grow, how close does each variant get to the floor (the same encoder with RoPE skipped), and
+# what share of the time to first token is that?
+#
+# What is measured here is **encoder latency** (`encoder_latency.csv`). Time to first token adds
+# the language model's prefill of the tokens it sees, which is modelled, not measured (last
+# section; its assumptions are printed there, and a measured prefill throughput can replace them).
 #
 # **Method.** A MoonViT-shaped encoder with the real dimensions (27 layers, hidden 1152, 16 heads
 # x 72, MLP 4304 with tanh GELU, LayerNorms, qkv/out projections with bias, 2x2 patch merge and
@@ -63,10 +74,12 @@ from rope_kernels.study.plots import with_units
 
 import matplotlib.pyplot as plt
 
-from rope_kernels.bench.encoder_bench import (bucket_rounds, bucket_rows, forward_peak_mb, make_bucket,
-                                              outputs_agree, paired_gain_pct, rope_minimal_ms, rope_profile)
+from rope_kernels.bench.encoder_bench import (agrees_with_native, bucket_rounds, bucket_rows, forward_peak_mb,
+                                              make_bucket, native_agreement, paired_gain_pct, rope_minimal_ms,
+                                              rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps
+from rope_kernels.model.prefill import PrefillModel, add_ttft, rope_saving_pct_of_ttft
 from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.study import plots
 
@@ -75,6 +88,8 @@ cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+prefill = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_gpus,
+                       peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
 from rope_kernels import VARIANTS
 from rope_kernels.variants import peer_status
 absent = {r["name"]: r["reason"] for r in peer_status() if not r["available"]}
@@ -101,20 +116,6 @@ pd.DataFrame([{"resolution": b.resolution, "images": b.images, "grid (t,h,w)": b
 copy_gbps = copy_bandwidth_gbps(dev)
 print(f"copy ceiling {copy_gbps:.0f} GB/s; skipped (over max_tokens): {[(b.resolution, b.images) for b in skipped]}")
 
-# %% [markdown]
-# Native and fused encoders must agree (same kernels elsewhere; RoPE differs only in rounding order):
-
-# %%
-check_bucket = buckets[0]
-inp = encoder_inputs(check_bucket.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
-att = pick_attention(check_bucket.grids, dev) if attention == "auto" else attention
-agree = outputs_agree(model, inp, att)
-bf16_step = agree["scale"] * 2 ** -7  # one bf16 ulp at the output's largest magnitude
-agree_table = pd.DataFrame([{"variant": v, "max_abs_diff_vs_native": d, "within_2_bf16_ulps": d <= 2 * bf16_step}
-                            for v, d in agree.items() if v != "scale"])
-assert agree_table.within_2_bf16_ulps.all(), agree_table
-agree_table[["variant", "within_2_bf16_ulps"]]
-
 # %%
 # NBVAL_IGNORE_OUTPUT
 from tqdm import tqdm
@@ -125,24 +126,36 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
     inp = encoder_inputs(b.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
     att = pick_attention(b.grids, dev) if attention == "auto" else attention
     if mode == modes[0]:  # properties of the kernels, not of the launch mode
+        agreement = native_agreement(model, inp, att, variants)  # every timed output vs native's
         profiled = {v: rope_profile(model, inp, v, att) for v in variants}  # (rope ms, all ms)
         peaks = {v: forward_peak_mb(model, inp, v, att) for v in variants}
     # every round runs the variants in its own seeded shuffled order (recorded in the rows)
     rounds = bucket_rounds(model, inp, variants, mode, att, samples=samples,
                            seed=f"{seed}/{b.resolution}/{b.images}/{mode}")
     round_times[(b.resolution, b.images, mode)] = rounds.times
-    rows += bucket_rows(b, mode, att, rounds, profiled=profiled, peaks=peaks, copy_gbps=copy_gbps,
-                        layers=cfg.layers, encoder=encoder)
+    rows += bucket_rows(b, mode, att, rounds, profiled=profiled, peaks=peaks, agreement=agreement,
+                        copy_gbps=copy_gbps, layers=cfg.layers, encoder=encoder)
     del inp
-ttft = pd.DataFrame(rows).assign(**provenance(kind))
-if prefill_tokens_per_s > 0:
-    ttft["modeled_ttft_ms"] = ttft.median_ms + ttft.llm_tokens / prefill_tokens_per_s * 1e3
+# measured encoder latency, plus the modelled time to first token (modelled_ columns; see below)
+latency = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill, text_tokens)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
-    upsert_csv(Path(data_dir) / "ttft.csv", ttft)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "ttft.csv"))  # what this report wrote; tests compare it with the CSV
-ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
+    upsert_csv(Path(data_dir) / "encoder_latency.csv", latency)  # key: specs.RESULT_FILES
+    print(data_line(Path(data_dir) / "encoder_latency.csv"))  # what this report wrote; tests compare it with the CSV
+latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)
+
+# %% [markdown]
+# Every timed variant's encoder output against native's, on every bucket of this run (same
+# kernels elsewhere, so RoPE variants differ only in rounding order): `max_rel_err_vs_native`
+# (max |out - native| / max |native|, in the rows) must be within two bf16 steps. The floor
+# (`none`) skips RoPE and must not be: it shows the check can fail.
+
+# %%
+agreed = latency[latency["mode"] == modes[0]].assign(agrees=lambda d: agrees_with_native(d))
+assert agreed[agreed.variant != "none"].agrees.all(), agreed[~agreed.agrees]
+assert not agreed[agreed.variant == "none"].agrees.any(), "skipping RoPE agreed with native"
+agreed.pivot_table(index=["resolution", "images"], columns="variant", values="agrees", aggfunc="all")
 
 # %% [markdown]
 # ## Encoder latency versus image count
@@ -153,7 +166,7 @@ ttft.pivot_table(index=["resolution", "images", "mode"], columns="variant", valu
 # %%
 # NBVAL_IGNORE_OUTPUT
 for mode in modes:
-    plots.encoder_latency(ttft, mode=mode, resolutions=resolutions, variants=variants)
+    plots.encoder_latency(latency, mode=mode, resolutions=resolutions, variants=variants)
     plt.show()
 
 # %% [markdown]
@@ -161,7 +174,7 @@ for mode in modes:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-wide = ttft.pivot_table(index=["resolution", "images", "vit_tokens", "mode"], columns="variant",
+wide = latency.pivot_table(index=["resolution", "images", "vit_tokens", "mode"], columns="variant",
                         values="median_ms").reset_index()
 for v in variants:
     if v in ("native",) or v not in wide:
@@ -180,7 +193,7 @@ with_units(wide[cols]).round(2)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-plots.saving_vs_native(ttft, modes=modes, resolutions=resolutions, variants=variants)
+plots.saving_vs_native(latency, modes=modes, resolutions=resolutions, variants=variants)
 plt.show()
 
 # %% [markdown]
@@ -188,7 +201,7 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images"], columns="variant",
+latency[latency["mode"] == modes[0]].pivot_table(index=["resolution", "images"], columns="variant",
                                           values="profiled_rope_share").mul(100).rename_axis(
     columns="RoPE share of device time [%]").round(2)
 
@@ -197,7 +210,7 @@ ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images"], colum
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-in_place = ttft[ttft["mode"] == modes[0]].pivot_table(index=["resolution", "images", "vit_tokens"],
+in_place = latency[latency["mode"] == modes[0]].pivot_table(index=["resolution", "images", "vit_tokens"],
                                                       columns="variant", values="profiled_rope_device_ms").reset_index()
 in_place["rope_minimal_ms"] = [rope_minimal_ms(t, cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
                                for t in in_place.vit_tokens]
@@ -222,7 +235,7 @@ if len(t16) and "fused_rope_cost_ms" in t16:
     display(with_units(t16[["mode", "native", "fused", "none", "fused_rope_cost_ms", "rope_minimal_ms",
                             "fused_cost_over_minimal", "fused_saving_pct"]].rename(
         columns={"native": "native_ms", "fused": "fused_ms", "none": "none_ms"})).round(3))
-    p16 = ttft[(ttft.resolution == "1024x1024") & (ttft.images == 16) & (ttft.variant == "fused")]
+    p16 = latency[(latency.resolution == "1024x1024") & (latency.images == 16) & (latency.variant == "fused")]
     minimal = rope_minimal_ms(int(p16.vit_tokens.iloc[0]), cfg.heads, cfg.head_dim, cfg.layers, copy_gbps)
     print("per-round (paired) estimates, median [p20, p80]:")
     display(with_units(p16[["mode", "paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
@@ -259,6 +272,40 @@ if len(gains):
     display(with_units(gains[(gains.resolution == gains.resolution.iloc[-1])]).round(2))
 
 # %% [markdown]
+# ## Time to first token
+#
+# The first token waits for the encoder and then for the language model to prefill what it
+# sees: the vision tokens after the 2x2 merge (`vit_tokens / 4`) plus `text_tokens` of text.
+# TTFT = encoder median (measured above) + prefill (modelled: `rope_kernels/model/prefill.py`;
+# set `prefill_tokens_per_s` to your measured prefill throughput to replace the model). The rows
+# carry it in `modelled_` columns with `prefill_model` naming the model. Its assumptions, and the
+# band its uncertain ones (MFU) give:
+
+# %%
+prefill.assumptions()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for mode in modes:
+    plots.time_to_first_token(latency, mode=mode, resolutions=resolutions, variants=variants)
+    plt.show()
+latency.pivot_table(index=["resolution", "images", "llm_prefill_tokens", "mode"], columns="variant",
+                    values="modelled_ttft_ms").rename_axis(columns="time to first token [ms]").round(1)
+
+# %% [markdown]
+# What each RoPE choice saves over native, as a share of native's time to first token (bars:
+# the prefill band's ends; the share shrinks as prefill grows with the images):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+savings = pd.concat([rope_saving_pct_of_ttft(latency, v) for v in variants
+                     if v != "native" and v in set(latency.variant)], ignore_index=True)
+plots.saving_pct_of_ttft(savings, modes=modes, resolutions=resolutions, variants=variants)
+plt.show()
+with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="variant",
+                               values="saving_pct_of_ttft")).round(2)
+
+# %% [markdown]
 # ## The study's targets
 #
 # Judged from this run's rows by `rope_kernels.study.targets` (one tested table of every target;
@@ -272,12 +319,13 @@ if len(gains):
 from rope_kernels.study.targets import evaluate, summarize, targets_for
 
 encoder_targets = targets_for("encoder")
-verdicts = evaluate({"encoder": ttft}, encoder_targets)
+verdicts = evaluate({"encoder": latency}, encoder_targets)
 display(summarize(verdicts, encoder_targets)[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])
 with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 
 # %% [markdown]
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the
 # outputs are not. Attention uses PyTorch's kernels (no flash_attn package on the H200 here).
-# A modeled TTFT (encoder + LLM prefill at `prefill_tokens_per_s`) is only added when that
-# parameter is set, and is a model, not a measurement.
+# Time to first token is encoder latency (measured) plus a prefill that is modelled from the
+# language model's size, attention, GPUs and an assumed MFU band, or from the prefill
+# throughput a user measured (`prefill_tokens_per_s`): a model, not a measurement.

@@ -47,7 +47,7 @@ with_units(summary).T if len(summary) else "no device data yet"
 # NBVAL_IGNORE_OUTPUT
 # (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
 frames = []
-for name in ("microbench.csv", "ttft.csv", "launches.csv", "correctness.csv", "fused_configs.csv", "qkv_gemm.csv"):
+for name in ("microbench.csv", "encoder_latency.csv", "launches.csv", "correctness.csv", "fused_configs.csv", "qkv_gemm.csv"):
     df = load_device_tables(Path(data_root), name, device_folders)
     if len(df):
         frames.append(df.groupby("device_folder").agg(

@@ -91,7 +91,7 @@ else:
 LAYERS = {
     "rope_kernels.vocabulary": 0, "rope_kernels.provenance": 0, "rope_kernels.atomic_io": 0,
     "rope_kernels.wheelhouse": 0, "rope_kernels.percentiles": 0, "rope_kernels.roofline": 0,
-    "rope_kernels.model.config": 0,
+    "rope_kernels.model.config": 0, "rope_kernels.model.prefill": 0,
     "rope_kernels.kernels": 1,
     "rope_kernels.correctness": 2,
     "rope_kernels.peers": 3,

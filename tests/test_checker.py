@@ -129,3 +129,51 @@ def test_real_arithmetic_form_passes(device):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         res = check_variant(fn, tokens=6, heads=2, head_dim=8, dtype=dtype, device=device)
         assert res.passed, res
+
+
+def test_correctness_rows_cover_every_registered_variant_and_record_absent_peers(monkeypatch):
+    """Nothing the study can time is left out of correctness.csv: with no names,
+    every registered variant is checked and every peer that cannot run here gets
+    rows saying why (not run), instead of no rows."""
+    from rope_kernels import correctness
+    from rope_kernels.bench import correctness_sweep
+    from rope_kernels.variants import VARIANTS, peer_status
+
+    checked = []
+
+    def fake_check(variant, **kw):  # the real check is tested above; here: who is checked
+        checked.append(variant.name)
+        return correctness.CheckResult(variant.name, kw["tokens"], kw["heads"], kw["head_dim"],
+                                       str(kw["dtype"]).removeprefix("torch."), True, 0.0, 0.0,
+                                       0.0, 1.0, True, True)
+
+    monkeypatch.setattr(correctness_sweep, "check_variant", fake_check)
+    status = [{"name": "engine_x", "available": False, "reason": "wheel not installed",
+               "package": "engine-x", "version": "", "sha256": ""}]
+    rows = correctness_sweep.correctness_rows([], ["bfloat16"], [[4, 2, 8], [3, 1, 4]], device="cpu",
+                                        status=status)
+    assert checked == [n for n in VARIANTS for _ in range(2)]
+    absent = [r for r in rows if r["variant"] == "engine_x"]
+    assert len(absent) == 2 and not any(r["supported"] or r["passed"] for r in absent)
+    assert all(r["reason"] == "absent here: wheel not installed" and r["peer_package"] == "engine-x"
+               for r in absent)
+    import pandas as pd
+    assert correctness_sweep.absent(pd.DataFrame(rows)).tolist() == [r in absent for r in rows]
+    default = correctness_sweep.correctness_rows([], ["float32"], [[2, 1, 4]], device="cpu")
+    unavailable = {s["name"] for s in peer_status() if not s["available"]}
+    assert unavailable <= {r["variant"] for r in default}  # the real registry's absent peers too
+    checked.clear()
+    named = correctness_sweep.correctness_rows(["fused", "engine_x"], [torch.float32], [[2, 1, 4]],
+                                         device="cpu", status=status)
+    assert checked == ["fused"] and [r["variant"] for r in named] == ["fused", "engine_x"]
+    with pytest.raises(ValueError, match="unknown variant"):
+        correctness_sweep.correctness_rows(["nope"], ["float32"], [[2, 1, 4]], device="cpu", status=status)
+
+
+def test_correctness_rows_run_the_real_checks(device):
+    from rope_kernels.bench.correctness_sweep import correctness_rows
+
+    rows = correctness_rows(["native", "fused_inplace"], ["bfloat16"], [[5, 2, 8]], device=device,
+                            status=[])
+    assert [r["variant"] for r in rows] == ["native", "fused_inplace"]
+    assert all(r["passed"] and r["supported"] for r in rows)

@@ -46,7 +46,7 @@ def make_clone(tmp_path):
     root = tmp_path / "clone"
     (root / "reports" / "big-gpu").mkdir(parents=True)
     upsert_csv(root / "data" / "big-gpu" / "microbench.csv", micro_rows("Big GPU"))
-    upsert_csv(root / "data" / "big-gpu" / "ttft.csv", ttft_rows("Big GPU", [("1024x1024", 5476)]))
+    upsert_csv(root / "data" / "big-gpu" / "encoder_latency.csv", ttft_rows("Big GPU", [("1024x1024", 5476)]))
     (root / "reports" / "big-gpu" / "02_microbench.html").write_text("<html></html>")
     shutil.copytree(ROOT / "notebooks", root / "notebooks",
                     ignore=shutil.ignore_patterns("*.py", ".ipynb_checkpoints"))

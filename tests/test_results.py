@@ -150,20 +150,41 @@ def test_truncated_last_line_is_an_error(tmp_path):
 
 
 def test_declared_migrations_keep_old_rows(tmp_path):
-    """ttft.csv files from before the ``profiled_`` names and peer columns merge
-    with rows that carry them: declared once in specs.RESULT_FILES."""
-    path = tmp_path / "ttft.csv"
+    """ttft.csv files from before the ``profiled_`` names, the peer columns and the
+    file's rename to encoder_latency.csv merge with rows that carry them: declared
+    once in specs.RESULT_FILES; the old file goes once its rows are under the new name."""
+    former = tmp_path / "ttft.csv"
     old = {"variant": "native", "resolution": "448x448", "images": 1, "mode": "eager",
            "device_name": "NVIDIA H200", "median_ms": 14.5, "rope_share": 0.1, "rope_device_ms": 0.6}
-    pd.DataFrame([old, {**old, "variant": "fused", "rope_share": 0.02}]).to_csv(path, index=False)
+    pd.DataFrame([old, {**old, "variant": "fused_inplace", "rope_share": 0.02}]).to_csv(former, index=False)
+    path = tmp_path / "encoder_latency.csv"
+    assert results.current_file(path) == former
     new = {k: v for k, v in old.items() if not k.startswith("rope_")}
     new.update(variant="liger", profiled_rope_share=0.2, profiled_rope_device_ms=1.0,
-               peer_package="liger-kernel", peer_version="0.6", peer_sha256="ab" * 32)
-    merged = upsert_csv(path, [new], results.TTFT_KEY)
+               peer_package="liger-kernel", peer_version="0.6", peer_sha256="ab" * 32,
+               in_place=False, max_rel_err_vs_native=0.001, agreement_tol_rel=0.0156)
+    merged = upsert_csv(path, [new], results.ENCODER_LATENCY_KEY)
+    assert not former.exists() and results.current_file(path) == path
     on_disk = pd.read_csv(path).set_index("variant")
     assert len(merged) == 3 and "rope_share" not in on_disk.columns
-    assert on_disk.profiled_rope_share.to_dict() == {"native": 0.1, "fused": 0.02, "liger": 0.2}
+    assert on_disk.profiled_rope_share.to_dict() == {"native": 0.1, "fused_inplace": 0.02, "liger": 0.2}
     assert on_disk.peer_package.isna().tolist() == [True, True, False]
+    assert on_disk.in_place.tolist() == [False, True, False]  # derived for the old rows
+    assert on_disk.max_rel_err_vs_native.isna().tolist() == [True, True, False]
+
+
+def test_a_renamed_file_that_came_back_is_merged_not_lost(tmp_path):
+    """Both names present (an old checkout wrote ttft.csv again): its rows are merged
+    under the new name, the new file's rows winning on a key they share."""
+    key = {"resolution": "448x448", "images": 1, "mode": "eager", "device_name": "X"}
+    upsert_csv(tmp_path / "encoder_latency.csv",
+               [{"variant": "native", **key, "median_ms": 2.0}, {"variant": "fused", **key, "median_ms": 1.0}])
+    pd.DataFrame([{"variant": "native", **key, "median_ms": 9.0},
+                  {"variant": "liger", **key, "median_ms": 3.0}]).to_csv(tmp_path / "ttft.csv", index=False)
+    upsert_csv(tmp_path / "encoder_latency.csv", [{"variant": "none", **key, "median_ms": 0.5}])
+    on_disk = pd.read_csv(tmp_path / "encoder_latency.csv").set_index("variant").median_ms.to_dict()
+    assert on_disk == {"native": 2.0, "liger": 3.0, "fused": 1.0, "none": 0.5}
+    assert not (tmp_path / "ttft.csv").exists()
 
 
 def test_key_comes_from_the_one_table_of_schemas(tmp_path):

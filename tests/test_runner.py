@@ -186,6 +186,13 @@ def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
     ("image_counts=[0]", "must hold ints >= 1"),
     ("encoder=huge", "must be one of small, kimi_k25"),
     ("attention=flash3", "must be one of auto"),
+    ("prefill_tokens_per_s=-1.0", "tokens_per_s must be >= 0"),
+    ("04_ttft.llm_mfu=[0.5, 0.3, 0.6]", "low <= central <= high"),
+    ("04_ttft.llm_mfu=[0.3, 0.6]", "three numbers"),
+    ("04_ttft.llm_gpus=0", "gpus must be a positive int"),
+    ("04_ttft.llm_peak_tflops=-1.0", "peak_tflops must be a positive number"),
+    ("04_ttft.llm_active_params_b=0.0", "active_params must be a positive number"),
+    ("04_ttft.text_tokens=-3", "token counts must be >= 0"),
 ])
 def test_bad_values_are_refused_before_anything_runs(override, match):
     with pytest.raises(ParameterError, match=match):

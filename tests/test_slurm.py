@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 from rope_kernels.study.devices import REPO_ROOT
-from rope_kernels.study.results import MICROBENCH_KEY, TTFT_KEY
+from rope_kernels.study.results import ENCODER_LATENCY_KEY, MICROBENCH_KEY
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -235,8 +235,8 @@ def test_job_array_through_slurm(slurm, checkout):
     assert set(per_shape.index) == {(16, 2, 8), (33, 2, 8)}
     assert per_shape.nunique() == 1 and per_shape.iloc[0] == len(set(micro["variant"])) * len(
         set(micro["mode"])) * len(set(micro["dtype"]))
-    ttft = pd.read_csv(data / "ttft.csv")
-    assert not ttft.duplicated(list(TTFT_KEY)).any()
+    ttft = pd.read_csv(data / "encoder_latency.csv")
+    assert not ttft.duplicated(list(ENCODER_LATENCY_KEY)).any()
     assert set(ttft["resolution"]) == {"56x56"}, "the killed shard left rows"
     assert set(ttft["variant"]) == {"native", "fused"}
 
@@ -253,7 +253,7 @@ def test_job_array_through_slurm(slurm, checkout):
     assert manifest["submissions"][-1]["indices"] == [KILLED]
     status = pd.read_csv(state / "status.csv")
     assert (status["status"] == "ok").all(), f"{status}\n{_logs(state)}"
-    ttft = pd.read_csv(data / "ttft.csv")
+    ttft = pd.read_csv(data / "encoder_latency.csv")
     assert set(ttft["resolution"]) == {"56x56", "28x28"}
-    assert not ttft.duplicated(list(TTFT_KEY)).any()
+    assert not ttft.duplicated(list(ENCODER_LATENCY_KEY)).any()
     assert "All 4 shards delivered rows" in (checkout / "reports" / "slurm" / "t.html").read_text()

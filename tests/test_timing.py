@@ -192,7 +192,7 @@ def test_sample_fn_rejects_bad_input():
         sample_fn(lambda x: x, [], mode="eager")
 
 
-PROFILED_COLUMNS = TABLES["ttft.csv"].renamed  # old name -> profiled_ name
+PROFILED_COLUMNS = TABLES["encoder_latency.csv"].renamed  # old name -> profiled_ name
 
 # --- encoder rounds --------------------------------------------------------------
 def test_bucket_rounds_follow_the_recorded_shuffled_order(monkeypatch):
@@ -206,8 +206,16 @@ def test_bucket_rounds_follow_the_recorded_shuffled_order(monkeypatch):
     assert all(len(ts) == 6 for ts in r.times.values())
     bucket = make_bucket("56x56", 1)
     profiled = {v: (0.0 if v == "none" else 1.0, 10.0) for v in variants}
+    agreement = {v: {"max_rel_err_vs_native": 0.5 if v == "none" else 0.001,
+                     "agreement_tol_rel": 0.01} for v in variants}
+    with pytest.raises(ValueError, match="agreement with native.*none"):
+        bucket_rows(bucket, "eager", "sdpa_per_image", r, profiled=profiled,
+                    peaks=dict.fromkeys(variants, 5.0), agreement={v: agreement[v] for v in variants[:3]},
+                    copy_gbps=100.0)
     rows = bucket_rows(bucket, "eager", "sdpa_per_image", r, profiled=profiled,
-                       peaks=dict.fromkeys(variants, 5.0), copy_gbps=100.0, layers=2, encoder="small")
+                       peaks=dict.fromkeys(variants, 5.0), agreement=agreement, copy_gbps=100.0,
+                       layers=2, encoder="small")
+    assert encoder_bench.agrees_with_native(pd.DataFrame(rows)).tolist() == [True, True, True, False]
     assert [row["variant"] for row in rows] == variants
     assert [row["in_place"] for row in rows] == [False, False, True, False]  # the registry's
     for row in rows:
@@ -226,13 +234,13 @@ def test_old_ttft_files_read_with_profiled_names(tmp_path):
                         "device_name": "gpu", "git_commit": "abc"})
     (tmp_path / "dev").mkdir()
     old.to_csv(tmp_path / "dev" / "ttft.csv", index=False)
-    ttft = load_device_tables(tmp_path, "ttft.csv")
+    ttft = load_device_tables(tmp_path, "encoder_latency.csv")
     assert set(PROFILED_COLUMNS.values()) <= set(ttft.columns)
     assert not set(PROFILED_COLUMNS) & set(ttft.columns)
     assert ttft.profiled_rope_device_ms.tolist() == [10.0, 2.0]
     assert device_summary(pd.DataFrame(), ttft)["encoder_saving_pct"] == pytest.approx(8.0)
     ttft.to_csv(tmp_path / "dev" / "ttft.csv", index=False)  # new names: read as they are
-    assert load_device_tables(tmp_path, "ttft.csv").columns.tolist() == ttft.columns.tolist()
+    assert load_device_tables(tmp_path, "encoder_latency.csv").columns.tolist() == ttft.columns.tolist()
 
 
 def test_pr_rows_below_the_minimum_are_not_counted_as_met():

@@ -1,2 +1,3 @@
 """The model the encoder benchmark runs: ``vit.py`` (a MoonViT-shaped vision encoder
-with every RoPE variant pluggable, random weights) and ``config.py`` (its geometry)."""
+with every RoPE variant pluggable, random weights), ``config.py`` (its geometry) and
+``prefill.py`` (the language model's prefill, modelled, for time to first token)."""

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from rope_kernels.study.targets import ENCODER_BUCKET
@@ -372,3 +373,69 @@ def saving_vs_native(ttft: pd.DataFrame, *, modes: Sequence[str] | None = None,
                      marker=resolution_style(r, res)[1], label=r) for r in res]
     how = "per-round paired saving, median; bars: p20-p80" if paired else "ratio of medians"
     return finish(fig, ttft, _variant_handles(names), extra=styles, title=how)
+
+
+def time_to_first_token(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str] | None = None,
+                        variants: Sequence[str] | None = None, floor: str = "none",
+                        ncols: int = 3):
+    """Time to first token [ms] (measured encoder median + modelled prefill, central;
+    ``model.prefill.add_ttft`` rows) against images per request, one panel per
+    resolution; the prefill alone dotted, and its band (fast..slow) shaded."""
+    sub = ttft[ttft["mode"] == mode]
+    res = _ordered(sub.resolution, resolutions)
+    names = _ordered(sub.variant, variants)
+    fig, axes = panel_grid(len(res), ncols=ncols)
+    for ax, r in zip(axes, res):
+        panel = sub[sub.resolution == r]
+        for name in names:
+            rows = panel[panel.variant == name].sort_values("images")
+            if len(rows):
+                ax.plot(rows.images, rows.modelled_ttft_ms, color=variant_color(name), marker="o", ms=4.5,
+                        lw=1.6, ls="--" if name == floor else "-")
+        prefill = panel.drop_duplicates("images").sort_values("images")
+        ax.plot(prefill.images, prefill.modelled_prefill_ms, color="k", ls=":", lw=1.2)
+        ax.fill_between(prefill.images, prefill.modelled_prefill_fast_ms, prefill.modelled_prefill_slow_ms,
+                        color="0.6", alpha=0.25, lw=0)
+        _image_axis(ax, panel.images)
+        ax.set_ylim(bottom=0)
+        ax.set_title(r)
+        ax.set_ylabel("time to first token [ms]")
+    model = "; ".join(sorted(set(sub.get("prefill_model", pd.Series(dtype=str)))))
+    extra = [Line2D([], [], color="k", ls=":", label="LLM prefill alone (modelled)"),
+             Patch(color="0.6", alpha=0.25, label="prefill band (fast..slow)")]
+    return finish(fig, sub, _variant_handles(names, floor), extra=extra,
+                  title=textwrap.fill(f"{mode}; encoder median (measured) + prefill, modelled "
+                                      f"({model})", max(40, int(fig.get_figwidth() * 7))))
+
+
+def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = None,
+                       resolutions: Sequence[str] | None = None,
+                       variants: Sequence[str] | None = None, ncols: int = 2):
+    """What each variant's encoder saves over native, as % of native's time to first
+    token (``model.prefill.rope_saving_pct_of_ttft`` rows), against images per request:
+    one panel per mode, colour per variant, line style per resolution; bars: the
+    prefill band's ends (slow prefill: a smaller share)."""
+    modes = _ordered(savings["mode"], modes)
+    res = _ordered(savings.resolution, resolutions)
+    names = _ordered(savings.variant, variants)
+    fig, axes = panel_grid(len(modes), ncols=ncols, width=5.4, height=3.6)
+    for ax, mode in zip(axes, modes):
+        sub = savings[savings["mode"] == mode]
+        for name in names:
+            for r in res:
+                rows = sub[(sub.variant == name) & (sub.resolution == r)].sort_values("images")
+                if len(rows):
+                    ls, marker = resolution_style(r, res)
+                    y = rows.saving_pct_of_ttft.to_numpy(float)
+                    yerr = np.vstack([np.clip(y - rows.saving_pct_of_ttft_slow.to_numpy(float), 0, None),
+                                      np.clip(rows.saving_pct_of_ttft_fast.to_numpy(float) - y, 0, None)])
+                    ax.errorbar(rows.images, y, yerr=np.nan_to_num(yerr), capsize=2.5, lw=1.6,
+                                ms=4.5, elinewidth=1, color=variant_color(name), ls=ls, marker=marker)
+        ax.axhline(0, color="k", lw=0.8)
+        _image_axis(ax, sub.images)
+        ax.set_title(mode)
+        ax.set_ylabel("encoder saving over native [% of TTFT]")
+    styles = [Line2D([], [], color="k", ls=resolution_style(r, res)[0],
+                     marker=resolution_style(r, res)[1], label=r) for r in res]
+    return finish(fig, savings, _variant_handles(names), extra=styles,
+                  title="bars: the prefill band's ends")

@@ -13,7 +13,9 @@
   wrong number of fields or a value of the wrong type, a repeated header or a
   truncated last line is a ``ResultFileError`` naming the file and line, and
   nothing is rewritten. A deliberate change of columns is declared once, in
-  ``specs.RESULT_FILES`` (``renamed`` / ``added``), and older files are migrated by it.
+  ``specs.RESULT_FILES`` (``renamed`` / ``added`` / ``dropped``), and older files
+  are migrated by it; so is a renamed file (``formerly``: the first upsert under
+  the new name takes the old file's rows and removes it).
 """
 
 from __future__ import annotations
@@ -35,13 +37,36 @@ from rope_kernels.atomic_io import ResultFileError, check_replaceable, write_ato
 
 # Every result file's key and declared migrations live in the notebook specs.
 from rope_kernels.study.specs import (  # noqa: F401
+    ENCODER_LATENCY_KEY,
     MICROBENCH_KEY,
+    MODELLED_TTFT_COLUMNS,
     PEER_COLUMNS,
     QKV_KEY,
     RESULT_FILES as TABLES,
-    TTFT_KEY,
     Table,
 )
+
+
+def table_for(name: str) -> Table | None:
+    """The ``TABLES`` entry of a result file's name, or of the file it was once
+    called (``Table.formerly``); None for a file not declared there."""
+    if name in TABLES:
+        return TABLES[name]
+    return next((t for t in TABLES.values() if name in t.formerly), None)
+
+
+def current_file(path: Path) -> Path | None:
+    """``path`` if it exists, else the existing file it was formerly called in the
+    same folder (``Table.formerly``), else None: where a reader finds a table's rows
+    before the next upsert moves them."""
+    path = Path(path)
+    if path.exists():
+        return path
+    table = TABLES.get(path.name)
+    for name in (table.formerly if table else ()):
+        if path.with_name(name).exists():
+            return path.with_name(name)
+    return None
 
 
 def _lock_file(path: Path) -> Path:
@@ -143,13 +168,22 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
     if new.columns.duplicated().any():
         raise ValueError(f"rows for {path.name} repeat column(s) "
                          f"{sorted(set(new.columns[new.columns.duplicated()]))}")
-    check_replaceable(path)
-    with file_lock(path):
-        old = read_results(path, new.dtypes.to_dict())
-        merged = pd.concat([old, new], ignore_index=True) if old is not None else new.copy()
+    former = [path.with_name(n) for n in (table.formerly if table else ())]
+    for p in [path, *former]:
+        check_replaceable(p)
+    with contextlib.ExitStack() as locks:
+        for p in [path, *former]:
+            locks.enter_context(file_lock(p))
+        schema = new.dtypes.to_dict()
+        # a former file's rows first: rows already under the current name are newer
+        olds = [read_results(p, schema, table=table) for p in [*former, path]]
+        merged = pd.concat([*(o for o in olds if o is not None), new], ignore_index=True)
         merged = merged[list(new.columns)]
         merged = merged.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
         write_atomic(path, merged.to_csv(index=False))
+        for p in former:  # its rows are in the file just written
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
     return merged
 
 
@@ -178,10 +212,12 @@ def _value_ok(text: str, kind: str) -> bool:
     return True
 
 
-def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
+def read_results(path: Path, schema: dict[str, object],
+                 table: Table | None = None) -> pd.DataFrame | None:
     """The rows of the result CSV at ``path`` (None when it is absent or empty),
     checked against ``schema`` (column -> dtype of the rows being written) and
-    migrated by ``TABLES``' declarations for its name. Raises ``ResultFileError``
+    migrated by ``table`` (default: ``TABLES``' declarations for its name, or for
+    the name that replaced it). Raises ``ResultFileError``
     naming the file and line of the first problem."""
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
@@ -191,7 +227,7 @@ def read_results(path: Path, schema: dict[str, object]) -> pd.DataFrame | None:
         text = text.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
-    table = TABLES.get(path.name, Table(()))
+    table = table or table_for(path.name) or Table(())
     lines = list(csv.reader(io.StringIO(text, newline="")))
     header = lines[0]
     columns = [table.renamed.get(c, c) if table.renamed.get(c) in schema and c not in schema

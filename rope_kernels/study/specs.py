@@ -151,6 +151,26 @@ def _qkv_tokens_rule(v, kind):
     return list_of(_int_ge1)(v, kind)
 
 
+def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
+    """04_ttft's prefill-model parameters, checked by the model itself
+    (``model.prefill.PrefillModel``, torch-free), so the rules live in one place."""
+    def check(v, kind):
+        from rope_kernels.model.prefill import PrefillModel, llm_prompt_tokens
+
+        try:
+            if field_name == "text_tokens":
+                llm_prompt_tokens(0, v)
+            elif field_name == "mfu":
+                PrefillModel(mfu=tuple(v) if isinstance(v, list) else v)
+            else:
+                number = isinstance(v, (int, float)) and not isinstance(v, bool)
+                PrefillModel(**{field_name: v * scale if number and scale != 1.0 else v})
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        return None
+    return check
+
+
 # -- cross-parameter checks ----------------------------------------------------------
 def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
     """04_ttft: ``max_tokens`` must leave at least one (resolution, image count)
@@ -199,6 +219,10 @@ class Table:
     # measured was superseded (not renamed: the new measurement is another thing).
     # Old rows lose them on the next write.
     dropped: tuple[str, ...] = ()
+    # Earlier names of this file in the same folder: its rows are read from there
+    # (migrated like the file's own) and the old file is removed once they are
+    # written under the current name (``results.upsert_csv``).
+    formerly: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -247,9 +271,14 @@ def _family_rows(item) -> dict:
 
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
 MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
-TTFT_KEY = ("variant", "resolution", "images", "mode", "device_name")
+ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
+
+# Time to first token, modelled (model/prefill.add_ttft) beside the measured latency.
+MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_fast_ms",
+                         "modelled_ttft_fast_ms", "modelled_prefill_ms", "modelled_ttft_ms",
+                         "modelled_prefill_slow_ms", "modelled_ttft_slow_ms", "prefill_model")
 
 # Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
 # not yet carry ``in_place``: what rows written before the column get.
@@ -301,13 +330,15 @@ RESULT_FILES: dict[str, Table] = {
                              added=PEER_COLUMNS + ("seed",)),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
                           added=PEER_COLUMNS),
-    "ttft.csv": Table(TTFT_KEY,
-                      renamed={"rope_share": "profiled_rope_share",
-                               "rope_device_ms": "profiled_rope_device_ms",
-                               "peak_mem_mb": "profiled_peak_mem_mb"},
-                      added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms",
-                                            "in_place"),
-                      derived={"in_place": _old_rows_in_place}),
+    # The vision encoder's measured latency (notebook 04), called ttft.csv until
+    # time to first token (encoder + modelled prefill) was added beside it.
+    "encoder_latency.csv": Table(
+        ENCODER_LATENCY_KEY, formerly=("ttft.csv",),
+        renamed={"rope_share": "profiled_rope_share", "rope_device_ms": "profiled_rope_device_ms",
+                 "peak_mem_mb": "profiled_peak_mem_mb"},
+        added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms", "in_place",
+                              "max_rel_err_vs_native", "agreement_tol_rel", *MODELLED_TTFT_COLUMNS),
+        derived={"in_place": _old_rows_in_place}),
     # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
     # one per swept variant x config
     "qkv_gemm.csv": Table(QKV_KEY),
@@ -372,11 +403,17 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "samples": Param(2, at_least(1)),
         "attention": Param("auto", one_of(ATTENTION_KERNELS)),
         "max_tokens": Param(400000, at_least(1)),
-        "prefill_tokens_per_s": Param(0.0, at_least(0)),
+        # time to first token = encoder latency (measured) + LLM prefill (modelled)
+        "text_tokens": Param(64, _prefill_rule("text_tokens")),
+        "prefill_tokens_per_s": Param(0.0, _prefill_rule("tokens_per_s")),
+        "llm_active_params_b": Param(32.0, _prefill_rule("active_params", 1e9)),
+        "llm_gpus": Param(8, _prefill_rule("gpus")),
+        "llm_peak_tflops": Param(989.0, _prefill_rule("peak_tflops")),
+        "llm_mfu": Param([0.15, 0.30, 0.45], _prefill_rule("mfu")),
         "seed": Param(0),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
-    }, writes=("ttft.csv",), delivers="ttft.csv",
+    }, writes=("encoder_latency.csv",), delivers="encoder_latency.csv",
         shard=Shard("resolutions", lambda item: {"resolution": [item]}),
         checks=(_some_bucket_fits,)),
     NotebookSpec("05_summary", {

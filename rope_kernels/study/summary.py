@@ -9,20 +9,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from rope_kernels.study.results import TABLES
+from rope_kernels.study.results import TABLES, current_file
 
 KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
 PR_TABLE = Path(__file__).resolve().parents[2] / "data" / "reference" / "pr50400_table.csv"
 
 
 def load_device_tables(data_root: Path, name: str, device_folders: str = "all") -> pd.DataFrame:
-    """Concatenate ``data/*/<name>`` (reference data excluded). ttft.csv files
-    written before the ``profiled_`` column names are read with those names.
+    """Concatenate ``data/*/<name>`` (reference data excluded); a folder whose file
+    still has its former name (``results.Table.formerly``, e.g. ttft.csv for
+    encoder_latency.csv) is read from that. Files written before a column was
+    renamed (e.g. the ``profiled_`` names) are read with the current names.
     ``device_folders``: "all" or "committed" (see ``all_devices``)."""
     keep = _device_filter(data_root, device_folders)
     frames = []
-    for path in sorted(Path(data_root).glob(f"*/{name}")):
-        if path.parent.name == "reference" or (keep is not None and path.parent.name not in keep):
+    folders = sorted(p for p in Path(data_root).iterdir() if p.is_dir()) \
+        if Path(data_root).is_dir() else []
+    for folder in folders:
+        if folder.name == "reference" or (keep is not None and folder.name not in keep):
+            continue
+        path = current_file(folder / name)
+        if path is None:
             continue
         df = pd.read_csv(path)
         renamed = TABLES[name].renamed if name in TABLES else {}
@@ -150,7 +157,7 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     tracks: the same table on every clone, what nbval compares; every folder when
     the tree has no git)."""
     micro = load_device_tables(data_root, "microbench.csv", device_folders)
-    ttft = load_device_tables(data_root, "ttft.csv", device_folders)
+    ttft = load_device_tables(data_root, "encoder_latency.csv", device_folders)
     pr = pd.read_csv(PR_TABLE) if PR_TABLE.exists() else None
     folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))
                      | set(ttft.get("device_folder", pd.Series(dtype=str))))
