@@ -24,10 +24,7 @@ samples = 3
 config_sweep = False  # time fused launch configs (block sizes) on sweep_shapes
 sweep_shapes = [[8192, 16, 72]]  # [tokens, heads, head_dim]
 progress = True
-qkv_gemm = False  # also time the QKV projection with RoPE in its epilogue (GPU only)
-qkv_tokens = [37]  # token counts of the QKV projection benchmark (1152 -> 3456)
-qkv_compile_budget_s = 60  # torch.compile max-autotune gets at most this long, else recorded as skipped
-data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv, qkv_gemm.csv, qkv_gemm_sweep.csv); empty: do not save
+data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: do not save
 
 # %% [markdown]
 # # 2. Microbenchmarks: speedup, roofline, and PR #50400's table
@@ -219,82 +216,6 @@ if config_sweep and dev.type == "cuda":
          "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
 else:
     print("config sweep skipped (config_sweep=False or no GPU)")
-
-# %% [markdown]
-# ## RoPE inside the QKV projection's epilogue (1152 -> 3456, bf16)
-#
-# The best standalone RoPE still reads and writes q and k once more after the QKV projection
-# wrote them. Here: cuBLAS alone (`cublas_linear`, the floor), cuBLAS then the fused RoPE in
-# place (`cublas_linear+fused_rope`, today's best), torch.compile max-autotune of rope(linear(x))
-# (`compile_max_autotune`), this project's Triton GEMM rotating q/k in its epilogue from the
-# cos/sin table (`qkv_rope_linear`) or with angles computed in the kernel from each token's patch
-# coordinates (`qkv_rope_linear_angles`), the same kernel with the rotation compiled out
-# (`qkv_gemm_rotation_compiled_out`: its mainloop, q/k not rotated), and QuACK's CuTe DSL GEMM
-# with a bias epilogue (`quack_gemm`) and with Kimi's RoPE in its epilogue (`quack_gemm_rope`),
-# where QuACK is installed. Ours runs every candidate config (`QKV_CANDIDATE_CONFIGS`), QuACK
-# each of its configs; the main table shows each at its fastest config in this run (`config`),
-# the sweep table all of them. Every variant's output is checked against float64 next to the
-# native path's own error. Compute-bound: the roof is a large cuBLAS GEMM's rate.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if qkv_gemm and kind != "cpu":
-    from rope_kernels.bench.qkv_bench import peak_bf16_tflops, roofline, run_qkv_bench
-    qkv_bench = run_qkv_bench(qkv_tokens, device=dev, samples=samples,
-                              compile_budget_s=qkv_compile_budget_s, progress=progress)
-    qkv, qkv_sweep = qkv_bench.rows, qkv_bench.sweep
-    if data_dir:
-        from rope_kernels.study.results import upsert_csv
-        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv)
-        print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
-        upsert_csv(Path(data_dir) / "qkv_gemm_sweep.csv", qkv_sweep)
-        print(data_line(Path(data_dir) / "qkv_gemm_sweep.csv"))
-    display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
-    display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))
-    display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas_fused_rope").round(3).rename_axis(columns="time / (cuBLAS + fused RoPE) [x]"))
-    display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))
-    display(qkv[qkv.config != ""].pivot_table(index="tokens", columns="variant", values="config", aggfunc="first").rename_axis(columns="config of the row"))
-    display(qkv[["variant", "tokens", "reference", "max_abs_err", "native_max_abs_err", "error_tolerance", "matches_float64"]])
-    display(qkv_sweep.pivot_table(index=["variant", "config"], columns="tokens", values="median_us").round(1).rename_axis(columns="sweep: median [us] by tokens"))
-    notes = pd.concat([qkv, qkv_sweep])
-    display(notes[notes.note != ""][["variant", "config", "tokens", "note"]].drop_duplicates())
-else:
-    print("QKV projection benchmark: GPU profile only (qkv_gemm=True)")
-
-# %% [markdown]
-# **Where the time goes.** At the same config, `qkv_rope_linear` minus
-# `qkv_gemm_rotation_compiled_out` is the epilogue's rotation; the compiled-out kernel over
-# `cublas_linear` is the mainloop's deficit (or lead) against cuBLAS.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if qkv_gemm and kind != "cpu":
-    wide = qkv.pivot_table(index="tokens", columns="variant", values="median_us")
-    if {"qkv_rope_linear", "qkv_gemm_rotation_compiled_out", "cublas_linear"} <= set(wide.columns):
-        display(pd.DataFrame({
-            "config": qkv[qkv.variant == "qkv_rope_linear"].set_index("tokens")["config"],
-            "mainloop (rotation compiled out) [us]": wide["qkv_gemm_rotation_compiled_out"],
-            "rotation in the epilogue [us]": wide["qkv_rope_linear"] - wide["qkv_gemm_rotation_compiled_out"],
-            "mainloop / cuBLAS [x]": wide["qkv_gemm_rotation_compiled_out"] / wide["cublas_linear"],
-            "fused RoPE after cuBLAS [us]": wide.get("cublas_linear+fused_rope", float("nan")) - wide["cublas_linear"],
-        }).round(3))
-    peak = peak_bf16_tflops(dev)
-    roof = roofline(qkv, peak)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for name, grp in roof.groupby("variant"):
-        ax.plot(grp.tokens, grp.tflops, marker="o", label=name, color=plots.variant_color(name))
-    ax.axhline(peak, color="k", ls="--", label=f"compute roof: cuBLAS 8192^3, {peak:.0f} TFLOP/s")
-    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel("TFLOP/s (2 T 1152 3456 / time)")
-    ax.set_ylim(0, peak * 1.1)
-    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if qkv_gemm and kind != "cpu":
-    qkv_targets = targets_for("qkv_gemm")
-    qkv_verdicts = evaluate({"qkv_gemm": qkv}, qkv_targets)
-    display(summarize(qkv_verdicts, qkv_targets)[["target", "what", "rule", "verdict", "counts", "measured"]])
-    display(qkv_verdicts.drop(columns=["op", "threshold", "unit"]).round(3))
 
 # %% [markdown]
 # **Caveats.** Timings are of the RoPE call alone; in a model its inputs come from the qkv

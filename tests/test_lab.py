@@ -60,8 +60,8 @@ def test_lab_lists_and_serves_the_notebooks(lab):
     base, token = lab
     status, body = _get(f"{base}/api/contents?token={token}")
     names = {item["name"] for item in json.loads(body)["content"]}
-    assert {"01_kernels.ipynb", "02_microbench.ipynb", "03_profile.ipynb", "04_ttft.ipynb",
-            "05_summary.ipynb"} <= names
+    assert {"01_kernels.ipynb", "02_microbench.ipynb", "03_profile.ipynb", "04_ttft.ipynb", "05_qkv_gemm.ipynb",
+            "06_summary.ipynb"} <= names
     status, body = _get(f"{base}/api/contents/02_microbench.ipynb?token={token}")
     cells = json.loads(body)["content"]["cells"]
     assert "parameters" in cells[0]["metadata"]["tags"]  # parameters on top

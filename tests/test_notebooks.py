@@ -27,17 +27,17 @@ def test_py_and_ipynb_hold_the_same_code():
 
 def test_editing_one_side_only_is_caught(tmp_path):
     for suffix in (".ipynb", ".py"):
-        shutil.copy(ROOT / "notebooks" / f"05_summary{suffix}", tmp_path)
-    pair = tmp_path / "05_summary.ipynb"
+        shutil.copy(ROOT / "notebooks" / f"06_summary{suffix}", tmp_path)
+    pair = tmp_path / "06_summary.ipynb"
     assert unsynced_pairs([pair]) == []
     script = pair.with_suffix(".py")
     script.write_text(script.read_text().replace('data_root = "../data"', 'data_root = "data"'))
-    assert unsynced_pairs([pair]) == ["05_summary.ipynb and 05_summary.py differ: run jupytext --sync"]
+    assert unsynced_pairs([pair]) == ["06_summary.ipynb and 06_summary.py differ: run jupytext --sync"]
     sync_notebooks([pair])  # the edited (newer) .py wins and updates the .ipynb
     assert unsynced_pairs([pair]) == []
     assert 'data_root = "data"' in nbformat.read(str(pair), as_version=4).cells[0].source
     script.unlink()
-    assert unsynced_pairs([pair]) == ["05_summary.ipynb: no paired 05_summary.py"]
+    assert unsynced_pairs([pair]) == ["06_summary.ipynb: no paired 06_summary.py"]
 
 
 def test_notebooks_use_the_study_kernel():

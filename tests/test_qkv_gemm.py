@@ -133,7 +133,7 @@ def test_config_labels_and_subtile_needs_two_heads():
         QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
     with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
         QKVGemmConfig(epilogue_subtile=1)
-    # the candidates notebook 02 sweeps take each shape's layout
+    # the candidates notebook 05_qkv_gemm sweeps take each shape's layout
     from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
 
     assert QKV_CANDIDATE_CONFIGS[0] == QKVGemmConfig()
@@ -480,7 +480,7 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
 def test_candidate_configs_match_float64_at_kimi_size(angles):
-    """Every config notebook 02 sweeps, compiled, at Kimi's projection (1152 -> 3 x 16 x 72)
+    """Every config notebook 05_qkv_gemm sweeps, compiled, at Kimi's projection (1152 -> 3 x 16 x 72)
     and a token count no tile divides: the GPU paths (TMA, persistent, subtiled, padded
     pairs) against float64 (GPU only)."""
     from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout

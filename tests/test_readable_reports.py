@@ -28,7 +28,7 @@ def test_notebook_tables_are_whole():
 def test_html_reports_scroll_long_outputs(tmp_path):
     from rope_kernels.study.reports import SCROLL_CSS, notebook_to_html
 
-    page = notebook_to_html(REPO_ROOT / "notebooks" / "05_summary.ipynb", tmp_path / "r.html").read_text()
+    page = notebook_to_html(REPO_ROOT / "notebooks" / "06_summary.ipynb", tmp_path / "r.html").read_text()
     assert SCROLL_CSS in page
     selector = SCROLL_CSS.split(",")[0].strip().lstrip(".").split(".")  # the classes it targets
     outputs = re.findall(r'class="([^"]*)"', page)

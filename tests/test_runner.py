@@ -360,7 +360,7 @@ def test_batch_runs_need_no_registered_kernelspec(tmp_path, monkeypatch):
         Path(out).write_text(Path(src).read_text())
 
     monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
-    src = ROOT / "notebooks" / "05_summary.ipynb"
+    src = ROOT / "notebooks" / "06_summary.ipynb"
     execute_notebook(src, tmp_path / "a.ipynb", {}, cwd=tmp_path)
     execute_notebook(src, tmp_path / "b.ipynb", {}, cwd=tmp_path, kernel_name="rope-study")
     assert seen == ["python3", "rope-study"]

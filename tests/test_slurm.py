@@ -241,7 +241,7 @@ def test_job_array_through_slurm(slurm, checkout):
     assert set(ttft["variant"]) == {"native", "fused"}
 
     index = (checkout / "reports" / "index.html").read_text()
-    assert "slurm/t.html" in index and "05_summary" in index
+    assert "slurm/t.html" in index and "06_summary" in index
     page = (checkout / "reports" / "slurm" / "t.html").read_text()
     assert "1 of 4 shards missing" in page and "28x28" in page
 

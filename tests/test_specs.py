@@ -18,7 +18,7 @@ from rope_kernels.study.parameters import (MAX_YAML_BYTES, ParameterError, check
                                            load_profile, parse_override, resolve_parameters,
                                            study_parameters)
 from rope_kernels.study.runner import notebook_parameters
-from rope_kernels.study.specs import NOTEBOOKS, RESULT_FILES, SPECS
+from rope_kernels.study.specs import NOTEBOOKS, RESULT_FILES, SPECS, SUMMARY_NOTEBOOK
 from rope_kernels.vocabulary import KNOWN_VARIANTS, resolution_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,18 @@ def test_notebooks_write_only_declared_result_files(nb):
     assert written == set(SPECS[nb].writes), nb
     assert set(SPECS[nb].writes) <= set(RESULT_FILES)
     assert SPECS[nb].delivers in ("", *SPECS[nb].writes)
+
+
+def test_each_result_file_has_one_notebook_and_the_summary_runs_last():
+    """A result file written by two notebooks (say qkv_gemm.csv by 02 and 05) would
+    count one notebook's rows as another's submit shard delivering; the runner runs
+    NOTEBOOKS in order and the summary reads every file, so it must come last."""
+    writers: dict[str, list[str]] = {}
+    for spec in SPECS.values():
+        for name in spec.writes:
+            writers.setdefault(name, []).append(spec.name)
+    assert {f: nbs for f, nbs in writers.items() if len(nbs) > 1} == {}
+    assert NOTEBOOKS[-1] == SUMMARY_NOTEBOOK
 
 
 def _device_result_files() -> list[Path]:

@@ -513,7 +513,7 @@ class QKVGemmConfig:
     of 12 configs, 128x128x64 tiles, 4 stages, 8 warps, group_m 8, one program per
     tile was fastest at 87,616 tokens (1521 us) and within 3% of the fastest at
     43,808 (778 vs 758 us); the persistent kernel was slower there (1578 us at best).
-    Notebook 02 re-measures ``QKV_CANDIDATE_CONFIGS`` in every GPU run."""
+    Notebook 05_qkv_gemm re-measures ``QKV_CANDIDATE_CONFIGS`` in every GPU run."""
 
     block_m: int = 128
     block_n: int = 128
@@ -563,7 +563,7 @@ class QKVGemmConfig:
                          str(self.num_stages), str(self.num_warps), str(self.group_m), *flags])
 
 
-# Candidates notebook 02 times beside the default on a GPU (its QKV section records
+# Candidates notebook 05_qkv_gemm times beside the default on a GPU (its sweep records
 # every one; the headline rows use the fastest of the same run): the subtiled
 # epilogue; the persistent grid with the grouping that suited it in the probe
 # (qkv_gemm_configs.csv), at 128 and 256 rows (the latter fastest at 43,808 tokens

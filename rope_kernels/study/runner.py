@@ -38,7 +38,7 @@ from rope_kernels.study.parameters import (  # noqa: F401
     study_parameters,
     value_problem,
 )
-from rope_kernels.study.specs import NOTEBOOKS, RUNNER_PARAMS, SPECS  # noqa: F401
+from rope_kernels.study.specs import NOTEBOOKS, RUNNER_PARAMS, SPECS, SUMMARY_NOTEBOOK  # noqa: F401
 
 
 class NotebookError(RuntimeError):
@@ -115,6 +115,6 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     index = build_index(root)
     log(f"reports/index.html lists the committed devices (unchanged by this run unless "
         f"{slug}'s results are tracked); this run's summary: "
-        f"{(report_dir / '05_summary.html').relative_to(root)}"
-        if "05_summary" in notebooks else f"index: {index.relative_to(root)}")
+        f"{(report_dir / f'{SUMMARY_NOTEBOOK}.html').relative_to(root)}"
+        if SUMMARY_NOTEBOOK in notebooks else f"index: {index.relative_to(root)}")
     return written

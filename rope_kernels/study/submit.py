@@ -10,7 +10,7 @@ nothing but ``-p`` overrides, so a task is a plain runner call.
 A final job, dependent on the arrays with ``afterany`` (so it also runs when a
 task failed or was cancelled, ``afterok`` would leave it pending forever),
 writes the shard status (``slurm/<name>/status.csv``,
-``reports/slurm/<name>.html``), re-runs ``05_summary`` per device and rebuilds
+``reports/slurm/<name>.html``), re-runs ``06_summary`` per device and rebuilds
 ``reports/index.html``. ``submit --missing`` re-submits only the shards that
 did not deliver, in one command.
 
@@ -293,7 +293,7 @@ def array_script(opts: SlurmOptions, part: Partition, shards: Sequence[Shard], s
 
 
 def summary_script(opts: SlurmOptions, state: Path, root: Path) -> str:
-    """The dependent job: shard status, 05_summary per device, reports/index.html."""
+    """The dependent job: shard status, 06_summary per device, reports/index.html."""
     partition = opts.summary_partition or opts.partitions[0].name
     lines = _header(opts, f"{opts.job_name}-summary", partition, opts.summary_time_limit,
                     str(state / "logs" / "summary-%j.out"))
@@ -475,7 +475,7 @@ def _status_html(manifest: dict, status: pd.DataFrame, state: Path) -> str:
 
 
 def finish(state: Path, root: Path = REPO_ROOT, log=print) -> pd.DataFrame:
-    """The summary job: shard status, 05_summary for every device that ran, the index."""
+    """The summary job: shard status, 06_summary for every device that ran, the index."""
     from rope_kernels.study.reports import build_index, notebook_to_html
     from rope_kernels.study.execution import execute_notebook
 

@@ -1,6 +1,6 @@
 """Headline numbers per device, read back from data/<device>/*.csv.
 
-Shared by notebooks/05_summary and reports/index.html so both say the same.
+Shared by notebooks/06_summary and reports/index.html so both say the same.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ data_root = "../data"  # merges data/<device>/*.csv across devices
 device_folders = "committed"  # committed: devices git tracks (nbval's default); all: local runs too (the runner sets it)
 
 # %% [markdown]
-# # 5. Across devices
+# # 6. Across devices
 #
 # Each device's runs land in `data/<device>/`; this notebook merges them, one row per device,
 # so results from several GPUs and nodes form one comparison (the same table heads

@@ -1,0 +1,152 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python (rope-study)
+#     language: python
+#     name: rope-study
+# ---
+
+# %% tags=["parameters"]
+# Parameters (papermill). Defaults: the small CPU configuration nbval re-runs (on a CPU
+# nothing is timed: the GEMMs are GPU-only).
+device = "auto"
+qkv_tokens = [37]  # token counts of the QKV projection benchmark (1152 -> 3456)
+samples = 3
+qkv_compile_budget_s = 60  # torch.compile max-autotune gets at most this long, else recorded as skipped
+progress = True
+data_dir = ""  # where to upsert qkv_gemm.csv and qkv_gemm_sweep.csv; empty: do not save
+
+# %% [markdown]
+# # 5. RoPE inside the QKV projection's epilogue (1152 -> 3456, bf16)
+#
+# **Question.** Can the rotation ride in the QKV projection's GEMM epilogue for less than
+# cuBLAS followed by the best standalone RoPE kernel, and how close does that GEMM get to
+# cuBLAS alone?
+#
+# **Method.** The best standalone RoPE still reads and writes q and k once more after the
+# QKV projection wrote them. Here: cuBLAS alone (`cublas_linear`, the floor), cuBLAS then the
+# fused RoPE in place (`cublas_linear+fused_rope`, today's best), torch.compile max-autotune of
+# rope(linear(x)) (`compile_max_autotune`), this project's Triton GEMM rotating q/k in its
+# epilogue from the cos/sin table (`qkv_rope_linear`) or with angles computed in the kernel from
+# each token's patch coordinates (`qkv_rope_linear_angles`), the same kernel with the rotation
+# compiled out (`qkv_gemm_rotation_compiled_out`: its mainloop, q/k not rotated), and QuACK's
+# CuTe DSL GEMM with a bias epilogue (`quack_gemm`) and with Kimi's RoPE in its epilogue
+# (`quack_gemm_rope`), where QuACK is installed. Ours runs every candidate config
+# (`QKV_CANDIDATE_CONFIGS`), QuACK each of its configs; the main table shows each at its fastest
+# config in this run (`config`), the sweep table all of them. Timed as CUDA-graph replays
+# (median, p20/p80 of `samples`). Every variant's output is checked against float64 next to the
+# native path's own error. Compute-bound: the roof is a large cuBLAS GEMM's rate.
+#
+# On a CPU nothing here is timed (the GEMMs are GPU-only); the GPU profile
+# (`params/cuda.yaml`) times 1 to 16 images of 1024x1024.
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from rope_kernels.study import plots
+from rope_kernels.study.devices import data_line, provenance
+from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.results import upsert_csv
+from rope_kernels.study.targets import evaluate, summarize, targets_for
+from rope_kernels.variants import peer_status
+
+kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.Series(provenance(kind)).to_frame("this run")
+
+# %% [markdown]
+# Which peers ran here (QuACK's GEMM among them), from which package, version and source hash,
+# and why the others did not:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
+
+# %% [markdown]
+# ## Times, ratios, configs and correctness
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if kind != "cpu":
+    from rope_kernels.bench.qkv_bench import peak_bf16_tflops, roofline, run_qkv_bench
+    qkv_bench = run_qkv_bench(qkv_tokens, device=dev, samples=samples,
+                              compile_budget_s=qkv_compile_budget_s, progress=progress)
+    qkv, qkv_sweep = qkv_bench.rows, qkv_bench.sweep
+    if data_dir:
+        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv)
+        print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
+        upsert_csv(Path(data_dir) / "qkv_gemm_sweep.csv", qkv_sweep)
+        print(data_line(Path(data_dir) / "qkv_gemm_sweep.csv"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas_fused_rope").round(3).rename_axis(columns="time / (cuBLAS + fused RoPE) [x]"))
+    display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))
+    display(qkv[qkv.config != ""].pivot_table(index="tokens", columns="variant", values="config", aggfunc="first").rename_axis(columns="config of the row"))
+    display(qkv[["variant", "tokens", "reference", "max_abs_err", "native_max_abs_err", "error_tolerance", "matches_float64"]])
+    display(qkv_sweep.pivot_table(index=["variant", "config"], columns="tokens", values="median_us").round(1).rename_axis(columns="sweep: median [us] by tokens"))
+    notes = pd.concat([qkv, qkv_sweep])
+    display(notes[notes.note != ""][["variant", "config", "tokens", "note"]].drop_duplicates())
+else:
+    print("QKV projection benchmark: GPU only (the CPU run times nothing here)")
+
+# %% [markdown]
+# ## Where the time goes, and the compute roof
+#
+# At the same config, `qkv_rope_linear` minus
+# `qkv_gemm_rotation_compiled_out` is the epilogue's rotation; the compiled-out kernel over
+# `cublas_linear` is the mainloop's deficit (or lead) against cuBLAS.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if kind != "cpu":
+    wide = qkv.pivot_table(index="tokens", columns="variant", values="median_us")
+    if {"qkv_rope_linear", "qkv_gemm_rotation_compiled_out", "cublas_linear"} <= set(wide.columns):
+        display(pd.DataFrame({
+            "config": qkv[qkv.variant == "qkv_rope_linear"].set_index("tokens")["config"],
+            "mainloop (rotation compiled out) [us]": wide["qkv_gemm_rotation_compiled_out"],
+            "rotation in the epilogue [us]": wide["qkv_rope_linear"] - wide["qkv_gemm_rotation_compiled_out"],
+            "mainloop / cuBLAS [x]": wide["qkv_gemm_rotation_compiled_out"] / wide["cublas_linear"],
+            "fused RoPE after cuBLAS [us]": wide.get("cublas_linear+fused_rope", float("nan")) - wide["cublas_linear"],
+        }).round(3))
+    peak = peak_bf16_tflops(dev)
+    roof = roofline(qkv, peak)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, grp in roof.groupby("variant"):
+        ax.plot(grp.tokens, grp.tflops, marker="o", label=name, color=plots.variant_color(name))
+    ax.axhline(peak, color="k", ls="--", label=f"compute roof: cuBLAS 8192^3, {peak:.0f} TFLOP/s")
+    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel("TFLOP/s (2 T 1152 3456 / time)")
+    ax.set_ylim(0, peak * 1.1)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
+
+# %% [markdown]
+# ## The study's targets
+#
+# Judged from the rows above by `rope_kernels.study.targets` (the QKV-GEMM targets of issue 18);
+# a variant that did not run reads "not measured". Benchmarks, not tests.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if kind != "cpu":
+    qkv_targets = targets_for("qkv_gemm")
+    qkv_verdicts = evaluate({"qkv_gemm": qkv}, qkv_targets)
+    display(summarize(qkv_verdicts, qkv_targets)[["target", "what", "rule", "verdict", "counts", "measured"]])
+    display(qkv_verdicts.drop(columns=["op", "threshold", "unit"]).round(3))
+
+# %% [markdown]
+# **Caveats.** Each variant is timed alone, its calls rotating over several input sets; in the
+# encoder the projection's input comes from the previous layer. The fastest config of a swept
+# variant is picked and reported from the same run's samples. `compile_max_autotune` compiles
+# once per token count; once compiling has taken `qkv_compile_budget_s` in total, later token
+# counts record it as skipped (largest first in the GPU profile, so the large shapes are covered).
