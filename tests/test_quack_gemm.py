@@ -176,3 +176,35 @@ def test_run_refuses_the_quack_encoder_mode_where_quack_is_absent(monkeypatch):
         check_variants_run_here(params)
     monkeypatch.setattr(quack_gemm, "availability", lambda: (True, ""))
     check_variants_run_here(params)
+
+
+def test_one_config_object_per_name(monkeypatch):
+    """QuACK's eager call caches its launch plan by id(config): a GemmConfig rebuilt
+    per call, once freed, can hand its id to another name's config, which then
+    replays the first one's plan (the sweep's rows would time the wrong config)."""
+    import dataclasses
+    import sys
+    import types
+
+    @dataclasses.dataclass(frozen=True)
+    class GemmConfig:  # the fields config_label reads, as quack.gemm_config has them
+        tile_m: int = 128
+        tile_n: int = 192
+        pingpong: bool = True
+        is_dynamic_persistent: bool = True
+        cluster_m: int = 2
+        cluster_n: int = 1
+
+    fake = types.ModuleType("quack.gemm_config")
+    fake.GemmConfig = GemmConfig
+    fake.default_config = lambda device: GemmConfig()
+    monkeypatch.setitem(sys.modules, "quack", types.ModuleType("quack"))
+    monkeypatch.setitem(sys.modules, "quack.gemm_config", fake)
+    quack_gemm._gemm_config.cache_clear()
+    try:
+        for name in quack_gemm.QUACK_CONFIGS:
+            first, label = quack_gemm.gemm_config(name, "cpu")
+            again, label_again = quack_gemm.gemm_config(name, torch.device("cpu"))
+            assert again is first and label_again == label
+    finally:
+        quack_gemm._gemm_config.cache_clear()

@@ -98,11 +98,20 @@ def kimi_mrope_operands(heads: int, head_dim: int, coords: torch.Tensor, freqs: 
 
 
 def gemm_config(name: str, device):
-    """The ``quack.gemm_config.GemmConfig`` of a ``QUACK_CONFIGS`` name, and its label."""
-    from quack.gemm_config import GemmConfig, default_config
+    """The ``quack.gemm_config.GemmConfig`` of a ``QUACK_CONFIGS`` name, and its label.
 
+    One object per (name, device) for the whole process: QuACK's eager call caches
+    its launch plan by ``id(config)``, so a config rebuilt per call would let a
+    freed config's id, reused by another name's, replay that other config's plan."""
     if name not in QUACK_CONFIGS:
         raise ValueError(f"unknown QuACK config {name!r}; choose from {sorted(QUACK_CONFIGS)}")
+    return _gemm_config(name, str(torch.device(device)))
+
+
+@functools.cache
+def _gemm_config(name: str, device: str):
+    from quack.gemm_config import GemmConfig, default_config
+
     fields = QUACK_CONFIGS[name]
     config = default_config(torch.device(device)) if fields is None else GemmConfig(**fields)
     return config, config_label(config)
