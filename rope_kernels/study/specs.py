@@ -337,7 +337,8 @@ RESULT_FILES: dict[str, Table] = {
         renamed={"rope_share": "profiled_rope_share", "rope_device_ms": "profiled_rope_device_ms",
                  "peak_mem_mb": "profiled_peak_mem_mb"},
         added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms", "in_place",
-                              "max_rel_err_vs_native", "agreement_tol_rel", *MODELLED_TTFT_COLUMNS),
+                              "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
+                              *MODELLED_TTFT_COLUMNS),
         derived={"in_place": _old_rows_in_place}),
     # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
     # one per swept variant x config
