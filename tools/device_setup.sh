@@ -17,6 +17,11 @@ PIP=${PIP:-"$PY -m pip"}  # tests/test_carry.py puts a recorder here
 
 env_lines() {
   echo "export PYTHONPATH=$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages\${PYTHONPATH:+:\$PYTHONPATH}"
+  # SGLang's JIT links -lcudart from CUDA_HOME, else from the folder above `which nvcc`
+  # (wrong where nvcc on PATH is a wrapper outside the toolkit): name the toolkit
+  if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    echo "export CUDA_HOME=/usr/local/cuda"
+  fi
 }
 
 stage() {

@@ -431,8 +431,11 @@ TREES: dict[str, PinnedTree] = {
             # pos_enc.cuh -> layout, math, page, utils, vec_dtypes -> exception, fastdiv)
             *(f"data/include/flashinfer/{h}" for h in (
                 "exception.h", "fastdiv.cuh", "layout.cuh", "math.cuh", "page.cuh",
-                "pos_enc.cuh", "utils.cuh", "vec_dtypes.cuh")))),
-        "fb039d80ff6506a236f10d0212cfdb0052a09eda2a878d6b8f1fa5d2c2c5ce5b",
+                "pos_enc.cuh", "utils.cuh", "vec_dtypes.cuh")),
+            # fastdiv.cuh's cuda::fast_mod_div (<cuda/cmath>) is in the wheel's CCCL, not
+            # in CUDA 13.0's: the JIT build puts this folder first on the include path
+            "data/cccl/libcudacxx/include/")),
+        "e6a951027260421b8f688b8d809c4d188c871586bdb314429a37154c5d37effb",
     ),
 }
 
