@@ -423,6 +423,10 @@ def test_qkv_bench_rows_sweep_correctness_and_roofline():
                                               run_qkv_bench)
 
     assert sum(t * h * w for t, h, w in image_grids(87616)) == 87616
+    # any count within the 512-patch table (2048 once made a (1, 1, 2048) grid the table refused)
+    from rope_kernels.kernels.freqs import grid_tokens
+    for tokens in (37, 2048, 5476 + 75, 87616 + 5475):
+        assert grid_tokens(image_grids(tokens)) == tokens
     variants = [v for v in QKV_VARIANTS if v != "compile_max_autotune"]
     bench = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
                           samples=1, variants=variants, progress=False)

@@ -66,9 +66,13 @@ ERROR_FLOOR = 1e-6  # of the reference's largest magnitude, added to the toleran
 
 
 def image_grids(tokens: int, side: int = 74) -> list[tuple[int, int, int]]:
-    """Images of side x side patches, plus one row of the remainder, totalling ``tokens``."""
+    """Images of side x side patches, then the remainder as an image of whole rows of
+    ``side`` patches and one of its last partial row, totalling ``tokens`` (every grid
+    within Kimi's 512-patch table, whatever the count)."""
     full, rest = divmod(tokens, side * side)
-    return [(1, side, side)] * full + ([(1, 1, rest)] if rest else [])
+    rows, last = divmod(rest, side)
+    return ([(1, side, side)] * full + ([(1, rows, side)] if rows else [])
+            + ([(1, 1, last)] if last else []))
 
 
 def gemm_flops(tokens: int, hidden: int, heads: int, head_dim: int) -> int:
