@@ -433,9 +433,24 @@ TREES: dict[str, PinnedTree] = {
                 "exception.h", "fastdiv.cuh", "layout.cuh", "math.cuh", "page.cuh",
                 "pos_enc.cuh", "utils.cuh", "vec_dtypes.cuh")),
             # fastdiv.cuh's cuda::fast_mod_div (<cuda/cmath>) is in the wheel's CCCL, not
-            # in CUDA 13.0's: the JIT build puts this folder first on the include path
-            "data/cccl/libcudacxx/include/")),
-        "e6a951027260421b8f688b8d809c4d188c871586bdb314429a37154c5d37effb",
+            # in CUDA 13.0's: the JIT build puts data/cccl/libcudacxx/include first on the
+            # include path. Carried: the folders holding what rope.cu's build reads there
+            # (nvcc 13.0 -M for sm_90a, 338 headers) and those headers at their top level,
+            # 5 MB of its 11 (the whole would not fit one device call beside bundle b)
+            *(f"data/cccl/libcudacxx/include/{p}" for p in (
+                "nv/", "cuda/__cccl_config", "cuda/cmath",
+                *(f"cuda/{d}/" for d in ("__cmath", "__fwd", "__memory", "__ptx",
+                                         "__type_traits")),
+                *(f"cuda/std/{h}" for h in ("array", "cfloat", "climits", "cmath", "cstddef",
+                                            "cstdint", "initializer_list", "limits",
+                                            "version")),
+                *(f"cuda/std/{d}/" for d in (
+                    "__algorithm", "__bit", "__cccl", "__cmath", "__concepts", "__cstddef",
+                    "__cstdlib", "__cstring", "__exception", "__floating_point",
+                    "__functional", "__fwd", "__host_stdlib", "__internal", "__iterator",
+                    "__limits", "__memory", "__new", "__ranges", "__tuple_dir",
+                    "__type_traits", "__utility", "detail")))))),
+        "bd5fe81b8d825301e4f8148582b9d9fe9edbb4a8f24226ec2491e8631e78b94b",
     ),
 }
 

@@ -9,11 +9,11 @@ and the timed call is the one kernel a layer runs.
 
 The code is FlashInfer's own: the installed ``flashinfer-python`` where there is one,
 else the files of the pinned 0.7.4 wheel that ``import flashinfer.rope`` and its JIT
-build need (``cache.TREES["flashinfer_rope"]``, about 12 MB of the 101 MB wheel),
+build need (``cache.TREES["flashinfer_rope"]``, about 6 MB of the 101 MB wheel),
 imported under FlashInfer's module names with the package ``__init__`` files (which
 import every kernel family) skipped. The module "rope" is JIT-compiled from the
 wheel's ``data/csrc/rope.cu`` with the CUDA compiler through apache-tvm-ffi at first
-use; of the vendored headers only CCCL's libcudacxx is carried (fastdiv.cuh needs its
+use; of the vendored headers only the part of CCCL's libcudacxx the build reads is carried (fastdiv.cuh needs its
 ``cuda::fast_mod_div``, which CUDA 13.0's own CCCL lacks), not CUTLASS or spdlog. Needs CUDA, the CUDA
 compiler, ninja, apache-tvm-ffi and nvidia-ml-py (flashinfer/utils.py imports it).
 """
