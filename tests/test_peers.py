@@ -6,6 +6,7 @@ SGLang's vision_rope) run under Triton's interpreter from the cache that
 ROPE_REQUIRE_PEERS=1 so a missing cache fails instead of skipping).
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -370,6 +371,35 @@ def test_tree_refuses_a_missing_file_and_a_wheel_without_a_member(tmp_path):
     tree2, wheels2 = _fake_tree(tmp_path / "second", short)
     with pytest.raises(cache.PeerCacheError, match="has no fake_engine/rope.py"):
         cache.fetch_tree(tree2, root=tmp_path / "second" / "cache", wheels=wheels2)
+
+
+def test_tree_refetch_drops_files_the_new_pin_no_longer_selects(tmp_path):
+    """A header left behind on disk would still be found by a compiler's include path."""
+    tree, wheels = _fake_tree(tmp_path, TREE_FILES)
+    root = tmp_path / "cache"
+    cache.fetch_tree(tree, root=root, wheels=wheels)
+    stale = root / tree.key / "fake_engine/jit/include/a.cuh"
+    assert stale.is_file()
+    kept = {p: d for p, d in TREE_FILES.items() if "/include/" not in p}
+    narrower = cache.PinnedTree(
+        **{**tree.__dict__, "members": ("fake_engine/jit/csrc/", "fake_engine/rope.py"),
+           "tree_sha256": cache.tree_digest({p: hashlib.sha256(d).hexdigest()
+                                             for p, d in kept.items()})})
+    assert "cached 2 file(s)" in cache.fetch_tree(narrower, root=root, wheels=wheels)
+    assert not stale.exists()
+
+
+def test_flashinfer_rope_tree_carries_the_cccl_fast_mod_div_it_compiles_against():
+    """fastdiv.cuh includes <cuda/cmath> for cuda::fast_mod_div, which CUDA 13.0's own
+    CCCL lacks: without the wheel's libcudacxx headers rope.cu does not compile."""
+    tree = cache.TREES["flashinfer_rope"]
+    inc = "flashinfer/data/cccl/libcudacxx/include/"
+    for header in ("cuda/cmath", "cuda/__cmath/fast_modulo_division.h",
+                   "cuda/std/detail/__config", "nv/target"):
+        assert tree.selects(inc + header), header
+    # not the whole 13 MB libcudacxx, nor the cub/thrust folders rope.cu never includes
+    assert not tree.selects(inc + "cuda/std/__atomic/api/owned.h")
+    assert not any(tree.selects(f"flashinfer/data/cccl/{d}/x.h") for d in ("cub", "thrust"))
 
 
 def test_pinned_trees_name_their_wheels():

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import linecache
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -296,6 +297,9 @@ def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None
         if digest != pin.wheel_sha256:
             raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {pin.wheel_sha256}")
         (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
+        # files an earlier pin cached but this one does not select go too: a header left
+        # on the include path would still be found by a compiler, manifest or not
+        shutil.rmtree(folder, ignore_errors=True)
         entries = []
         with zipfile.ZipFile(wheel) as zf:
             for path, pinned in pin.files.items():
@@ -535,6 +539,9 @@ def fetch_tree(tree: PinnedTree, *, root: Path | None = None, wheels: Path | Non
         if digest != tree.wheel_sha256:
             raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {tree.wheel_sha256}")
         (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
+        # files an earlier pin cached but this one does not select go too: a header left
+        # on the include path would still be found by a compiler, manifest or not
+        shutil.rmtree(folder, ignore_errors=True)
         entries: dict[str, str] = {}
         with zipfile.ZipFile(wheel) as zf:
             for info in zf.infolist():
