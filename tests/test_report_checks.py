@@ -64,6 +64,14 @@ def test_failed_cells_and_missing_lines_fail(tmp_path):
     html = reports / "02_microbench.html"
     html.write_text("<pre>Traceback (most recent call last):\n</pre>")
     assert any("Traceback" in p for p in report_problems(html, tmp_path / "data"))
+    # a traceback printed to stdout marks the report; one a library logs to stderr (Inductor's
+    # autotuner discarding a candidate kernel) does not: the cell ran, and readers never see it
+    _notebook(nb, _stream(data_line(csv) + "\nTraceback (most recent call last):\n"))
+    assert any("Traceback" in p for p in report_problems(nb, tmp_path / "data"))
+    _notebook(nb, _stream(data_line(csv) + "\n"),
+              {"output_type": "stream", "name": "stderr",
+               "text": "E1203 select_algorithm.py] Traceback (most recent call last):\n"})
+    assert report_problems(nb, tmp_path / "data") == []
     failed = reports / "02_microbench.failed.ipynb"
     _notebook(failed, _stream(data_line(csv) + "\n"))
     assert report_problems(failed, tmp_path / "data")

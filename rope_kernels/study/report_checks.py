@@ -31,13 +31,19 @@ def tracked(root: Path, folder: str) -> list[Path]:
 
 
 def notebook_text(path: Path) -> tuple[list[str], bool]:
-    """(every output and markdown text of a notebook, whether any output is an error)."""
+    """(every output and markdown text of a notebook, whether any output is an error).
+
+    A cell's stderr stream is left out: it is library logging (Inductor's autotuner logs the
+    tracebacks of candidate kernels it discards), not the cell's result, and the HTML export
+    drops it; a cell that raised leaves an error output, which is what marks it failed."""
     nb = json.loads(Path(path).read_text())
     texts, error = [], False
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "markdown":
             texts.append("".join(cell.get("source", "")))
         for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                continue
             if out.get("output_type") == "error":
                 error = True
                 texts.append("\n".join(out.get("traceback", [])))
