@@ -242,6 +242,11 @@ def test_qkv_best_of_ours_against_cublas_plus_rope():
     assert set(v.ours) == {"qkv_rope_linear_angles"}
     v = verdicts_of("qkv_vs_quack", {"qkv_gemm": pd.DataFrame(rows)})
     assert set(v.verdict) == {"not measured"}  # no quack_gemm_rope rows
+    # an absent peer's row (no time, its reason in the note) is not measured either, never missed
+    absent = [{"variant": "quack_gemm_rope", "tokens": t, "mode": "cudagraph", "median_us": math.nan}
+              for t in (21904, 43808, 87616)]
+    v = verdicts_of("qkv_vs_quack", {"qkv_gemm": pd.DataFrame(rows + absent)})
+    assert set(v.verdict) == {"not measured"}
     assert set(verdicts_of("qkv_vs_cublas", {}).verdict) == {"not measured"}
 
 

@@ -268,6 +268,10 @@ def _verdict_row(target: Target, mode: str, shape: str, ours: str, value: float,
 
 
 def _judge(target: Target, value: float) -> str:
+    """met / missed; a value that is not a finite number was not measured (an absent
+    peer's row has no time), never missed."""
+    if value is None or not math.isfinite(value):
+        return "not measured"
     return "met" if _OPS[target.op](value, target.threshold) else "missed"
 
 
@@ -538,8 +542,10 @@ def _qkv_ratio(target: Target, tables: dict) -> list[dict]:
         for shape in target.shapes:
             t = shape[0]
             text = _shape_text(shape)
-            theirs = times.get((target.against, t))
-            mine = {v: times[(v, t)] for v in target.ours if (v, t) in times}
+            theirs = times.get((target.against, t))  # NaN: the peer's row says it was absent
+            theirs = None if theirs is None or not math.isfinite(theirs) else theirs
+            mine = {v: times[(v, t)] for v in target.ours
+                    if (v, t) in times and math.isfinite(times[(v, t)])}
             if theirs is None or not mine:
                 why = ("no qkv_gemm.csv rows" if q.empty else
                        f"no {target.against} row" if theirs is None else f"no {' or '.join(target.ours)} row")
