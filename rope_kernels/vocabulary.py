@@ -3,7 +3,7 @@ encoder RoPE modes, attention kernels, dtypes and timing modes, and Kimi's rule
 from an image resolution to a patch grid (so the notebook specs can check a
 parameter before anything runs, and ``--help`` stays fast).
 
-The library reads these names from here (``variants.py``, ``bench/vit.py``,
+The library reads these names from here (``variants.py``, ``model/vit.py``,
 ``kernels/freqs.py``); nothing here imports the rest of the package.
 """
 
@@ -25,7 +25,7 @@ IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv
 # and k rotated inside the QKV projection's epilogue, no RoPE step at all) and
 # "gemm_epilogue_quack" (the same in QuACK's GEMM; only where QuACK runs).
 ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_quack")
-# How the encoder's attention runs (bench/vit.py); "auto" picks one per device.
+# How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 ENCODERS = ("small", "kimi_k25")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rope_kernels import cos_sin_views, native_rope, rope_reference
-from rope_kernels.bench.correctness import make_inputs
+from rope_kernels.correctness import make_inputs
 from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vision_rope_frequencies
 from rope_kernels.kernels.fused import FusedConfig
 from rope_kernels.kernels.fused_candidates import (fused_qk_rope_angles, fused_qk_rope_persistent,
@@ -117,7 +117,6 @@ def test_candidates_refuse_bad_inputs_with_one_line():
 
 # -- the sweep times them beside the default; old sweep files migrate ----------------
 def test_sweep_times_the_candidates_beside_the_default(tmp_path):
-    import shutil
     from pathlib import Path
 
     from rope_kernels.bench.microbench import Shape, sweep_fused_configs
@@ -132,11 +131,17 @@ def test_sweep_times_the_candidates_beside_the_default(tmp_path):
     assert df.is_default.sum() == 1 and df[df.is_default].strategy.item() == "grid"
     assert (df[df.strategy == "persistent"].programs_per_sm > 0).all()
     assert (df[df.strategy != "persistent"].programs_per_sm == 0).all()
-    # the committed H200 sweep (no strategy columns) takes these rows: its rows become "grid"
+    # a sweep file from before the candidates (the committed H200 rows of the default grid
+    # strategy, without the strategy columns) takes these rows: its rows become "grid"
+    import pandas as pd
+
     committed = Path(__file__).resolve().parents[1] / "data/nvidia-h200/fused_configs.csv"
     target = tmp_path / "fused_configs.csv"
-    shutil.copy(committed, target)
-    before = sum(1 for _ in open(committed)) - 1
+    rows = pd.read_csv(committed, keep_default_na=False)
+    if "strategy" in rows:
+        rows = rows[rows.strategy == "grid"].drop(columns=["strategy", "programs_per_sm"])
+    rows.to_csv(target, index=False)
+    before = len(rows)
     from rope_kernels.study.devices import provenance
 
     merged = upsert_csv(target, df.assign(**provenance("cpu")).assign(device_name="cpu-test"))

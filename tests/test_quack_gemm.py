@@ -135,8 +135,8 @@ def test_encoder_quack_mode_wiring(monkeypatch, device):
     """The encoder's gemm_epilogue_quack mode hands QuACK the right operands: with
     QuACK's epilogue stood in for by the float64 model above, it computes what the
     fused encoder computes. Without QuACK the mode is absent with the reason."""
-    from rope_kernels.bench import vit
-    from rope_kernels.bench.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
+    from rope_kernels.model import vit
+    from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
 
     cfg = EncoderConfig.small().with_layers(2)
     model = MoonViTEncoder(cfg, device=device)

@@ -439,7 +439,7 @@ TREES: dict[str, PinnedTree] = {
             # fastdiv.cuh's cuda::fast_mod_div (<cuda/cmath>) is in the wheel's CCCL, not
             # in CUDA 13.0's: the JIT build puts data/cccl/libcudacxx/include first on the
             # include path. Carried: the folders holding what rope.cu's build reads there
-            # (nvcc 13.0 -M for sm_90a, 338 headers) and those headers at their top level,
+            # (the CUDA 13.0 compiler's -M for sm_90a, 338 headers) and those headers at their top level,
             # 5 MB of its 11 (the whole would not fit one device call beside bundle b)
             *(f"data/cccl/libcudacxx/include/{p}" for p in (
                 "nv/", "cuda/__cccl_config", "cuda/cmath",
