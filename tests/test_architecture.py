@@ -84,6 +84,33 @@ else:
         assert got["interpret"] == "1" and got["enabled"] and got["patched"] and got["same"]
 
 
+def test_triton_standard_library_is_interpreted_too():
+    """Triton's own jitted helpers (tl.interleave, which vLLM's packed_qk_rope_ calls) are
+    defined when triton.language is first imported: the interpreter decision must come
+    before that, or an interpreted kernel calling them fails with "Cannot call
+    @triton.jit'd outside of the scope of a kernel" (``make study`` on a CPU did)."""
+    got = _fresh(_LOADED + """
+import torch
+if torch.cuda.is_available():
+    report(skipped=True)
+else:
+    import rope_kernels.kernels.checks  # the package's first Triton import
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _pairs(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out_ptr + tl.arange(0, 2 * N), tl.interleave(tl.load(x_ptr + i), tl.load(y_ptr + i)))
+
+    x, y, out = torch.arange(4.0), -torch.arange(4.0), torch.empty(8)
+    _pairs[(1,)](x, y, out, N=4)
+    report(skipped=False, same=out.tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0])
+""")
+    if not got["skipped"]:
+        assert got["same"]
+
+
 # -- layers ------------------------------------------------------------------------------
 # Who may import whom, lowest first. A module may import its own layer and the ones
 # below it, never one above: kernels know nothing of peers, bench or the study; the

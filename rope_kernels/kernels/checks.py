@@ -12,13 +12,16 @@ import contextvars
 from collections.abc import Sequence
 
 import torch
-import triton
 
 from rope_kernels.kernels.interpreter import use_interpreter_without_gpu
 
-# Before the first @triton.jit of this package (here, and in every module that
-# imports this one): Triton picks compiler or interpreter at definition time.
+# Before Triton is first imported here, and so before the first @triton.jit (here, in every
+# module that imports this one, and in triton.language's own standard library, whose jitted
+# helpers such as tl.interleave a peer's kernel calls): Triton picks compiler or interpreter
+# at definition time.
 use_interpreter_without_gpu()
+
+import triton  # noqa: E402  (after the interpreter decision above)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
