@@ -54,8 +54,10 @@ notebooks: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m rope_kernels refresh-notebooks
 
 # JupyterLab in the study's environment; the kernel "Python (rope-study)" is registered.
+# Without a GPU the notebooks' kernels run in Triton's interpreter, which Triton picks when
+# a kernel is defined: the kernel process gets TRITON_INTERPRET=1 from the start.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(if $(filter 0,$(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)),TRITON_INTERPRET=1,) $(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -149,3 +149,20 @@ def test_a_symlinked_report_is_refused_before_the_notebook_runs(tmp_path, monkey
     with pytest.raises(ResultFileError, match="symbolic link"):
         runner.execute_notebook(Path("01_kernels.ipynb"), dest, {}, cwd=tmp_path)
     assert dest.is_symlink() and target.read_text() == "{}"
+
+
+def test_cpu_notebook_kernels_get_the_interpreter_from_the_start(fake_study, monkeypatch):
+    """A notebook imports triton before rope_kernels, and Triton picks interpreter or compiler
+    when a @triton.jit (its own standard library's too) is defined: on a CPU the runner hands its
+    kernels TRITON_INTERPRET=1 ('make study' failed in 01 on vLLM's kernel without it)."""
+    root, _ = fake_study
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    seen = []
+    monkeypatch.setattr(runner, "execute_notebook", lambda src, dest, params, **kw: (
+        seen.append(os.environ.get("TRITON_INTERPRET")), dest.write_text("{}"), dest)[2])
+    runner.run_study(root=root, only=["01"], log=lambda *a: None)
+    assert seen == ["1"]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the user's own choice stands
+    seen.clear()
+    runner.run_study(root=root, only=["01"], log=lambda *a: None)
+    assert seen == ["0"]

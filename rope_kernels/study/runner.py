@@ -14,6 +14,7 @@ atomically, so a crash leaves the previous results intact.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,11 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     (a live progress line on a terminal); ``verbose`` streams every cell's output."""
     root = Path(root)
     kind = resolve_device(device)
+    if kind == "cpu":
+        # Kernels inherit this: Triton picks interpreter or compiler when a @triton.jit is
+        # defined, and a notebook imports triton (its own standard library of jitted helpers)
+        # before rope_kernels could decide for it.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     notebooks = select_notebooks(only)
     params = study_parameters(kind, root=root, notebooks=notebooks, params_file=params_file,
                               overrides=overrides)
