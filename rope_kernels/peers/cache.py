@@ -150,22 +150,28 @@ def _installed_file(pin: PinnedWheel, path: str) -> SourceFile | None:
                       "installed", data)
 
 
+def _read_manifest(manifest_path: Path, package: str, version: str, what: str) -> dict[str, str]:
+    """{path: sha256} of a cache folder's manifest, which must be for ``package==version``;
+    a missing, unreadable or foreign manifest is a ``PeerCacheError`` naming it."""
+    if not manifest_path.is_file():
+        raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
+                             f"fetch` to cache {package}=={version}'s {what}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = {e["path"]: e["sha256"] for e in manifest["files"]}
+        got = (manifest["package"], manifest["version"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PeerCacheError(f"unreadable manifest {manifest_path}: {exc}") from exc
+    if got != (package, version):
+        raise PeerCacheError(f"{manifest_path} is for {got[0]}=={got[1]}, pinned {package}=={version}")
+    return entries
+
+
 def _cached_file(pin: PinnedWheel, path: str, root: Path | None = None) -> SourceFile:
     root = Path(root) if root is not None else peers_dir()
     folder = root / pin.key
     manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
-                             f"fetch` to cache {pin.package}=={pin.version}'s peer files")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        entries = {e["path"]: e["sha256"] for e in manifest["files"]}
-        package, version = manifest["package"], manifest["version"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PeerCacheError(f"unreadable manifest {manifest_path}: {exc}") from exc
-    if (package, version) != (pin.package, pin.version):
-        raise PeerCacheError(f"{manifest_path} is for {package}=={version}, "
-                             f"pinned {pin.package}=={pin.version}")
+    entries = _read_manifest(manifest_path, pin.package, pin.version, "peer files")
     if path not in entries:
         raise PeerCacheError(f"{path} is not listed in {manifest_path}")
     location = folder / path
@@ -479,18 +485,7 @@ def load_tree(tree: PinnedTree, root: Path | None = None) -> CachedTree:
     """The cached tree after re-hashing every file against its manifest and the pin."""
     folder = (Path(root) if root is not None else peers_dir()) / tree.key
     manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
-                             f"fetch` to cache {tree.package}=={tree.version}'s {tree.name} files")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        entries = {e["path"]: e["sha256"] for e in manifest["files"]}
-        package, version = manifest["package"], manifest["version"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PeerCacheError(f"unreadable manifest {manifest_path}: {exc}") from exc
-    if (package, version) != (tree.package, tree.version):
-        raise PeerCacheError(f"{manifest_path} is for {package}=={version}, "
-                             f"pinned {tree.package}=={tree.version}")
+    entries = _read_manifest(manifest_path, tree.package, tree.version, f"{tree.name} files")
     digest = tree_digest(entries)
     if digest != tree.tree_sha256:
         raise PeerCacheError(f"{manifest_path} lists a tree with sha256 {digest}, pinned "
