@@ -46,11 +46,13 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: 
 # - the **copy ceiling** (`copy_gbps`): a 2 GiB device-to-device copy measured once per run
 #   (bytes read + written); `pct_of_copy` is the minimal traffic (read and write q and k, read
 #   fp32 cos/sin once) over time, against it;
-# - the **same-bytes copy** (`same_bytes_copy_us`, `rope_kernels/bench/same_bytes_copy.py`): a
-#   Triton SM copy that reads q, k and cos/sin where the call reads them and writes q and k
-#   where the call writes them (fresh outputs, or in place for in-place variants), timed in
-#   the same rounds on the same input sets: the limit at that size. `pct_of_same_bytes_copy`
-#   is its time over the variant's; no variant should exceed 100% beyond noise.
+# - the **same-bytes copy** (`same_bytes_copy_us`, `rope_kernels/bench/same_bytes_copy.py`):
+#   Triton SM copies that read q, k and cos/sin where the call reads them and write q and k
+#   where the call writes them (fresh outputs, or in place for in-place variants), in a small
+#   family of tilings (a token row's column blocks, the fused kernel's own tile, flat blocks
+#   like SGLang's), each timed in the same rounds on the same input sets; the fastest is the
+#   limit at that size (`same_bytes_copy_tiling` names it). `pct_of_same_bytes_copy` is its
+#   time over the variant's; no variant should exceed 100% beyond noise.
 #
 # On a CPU the timer is the wall clock and the numbers are not GPU predictions.
 

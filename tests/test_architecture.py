@@ -239,8 +239,12 @@ def test_no_test_installs_system_packages():
 COMPILE_MATRIX_PENDING = {
     ("rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel_persistent"):
         "the QKV GEMM's persistent variant (issue 18 helper; _qkv_rope_kernel is in the matrix)",
-    ("rope_kernels.bench.same_bytes_copy", "_same_bytes_copy_kernel"):
-        "the SM same-bytes copy (benchmark reference, issue 16 helper)",
+    ("rope_kernels.bench.same_bytes_copy", "_copy_row_kernel"):
+        "the SM same-bytes copy, row tiling (a benchmark reference, not a study kernel)",
+    ("rope_kernels.bench.same_bytes_copy", "_copy_head_kernel"):
+        "the SM same-bytes copy, the fused kernel's tile (a benchmark reference)",
+    ("rope_kernels.bench.same_bytes_copy", "_copy_flat_kernel"):
+        "the SM same-bytes copy, flat blocks (a benchmark reference)",
     ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_persistent_kernel"):
         "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
     ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_angles_kernel"):

@@ -1,6 +1,7 @@
-"""The same-bytes copy is a limit only if it copies exactly, reads what a RoPE call
-reads (q, k and every token's cos/sin), writes what it writes, and is timed on the
-variants' own input sets. Tiny shapes, through the interpreter on the CPU."""
+"""The same-bytes copy is a limit only if every tiling copies exactly, reads what a
+RoPE call reads (q, k and every token's cos/sin), writes what it writes, and is
+timed on the variants' own input sets, the fastest tiling being the reference.
+Tiny shapes, through the interpreter on the CPU."""
 
 import math
 
@@ -9,9 +10,12 @@ import torch
 
 from rope_kernels.bench import microbench
 from rope_kernels.bench.microbench import (SAME_BYTES_COPY, SAME_BYTES_COPY_INPLACE, Shape,
-                                           bench_shape, make_arg_sets)
-from rope_kernels.bench.same_bytes_copy import (launch_same_bytes_copy, same_bytes_copy,
-                                                same_bytes_copy_config, same_bytes_copy_inplace)
+                                           bench_shape, fastest_copy, make_arg_sets)
+from rope_kernels.bench.same_bytes_copy import (CopyTiling, launch_same_bytes_copy,
+                                                same_bytes_copy, same_bytes_copy_config,
+                                                same_bytes_copy_inplace, same_bytes_copy_tilings)
+from rope_kernels.bench.timing import Timing
+from rope_kernels.kernels.fused import fused_launch_config
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.variants import Variant
 
@@ -35,41 +39,99 @@ def awkward_sets(shape, dtype, device):
     return xq, xk, freqs
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_copies_bit_for_bit_out_of_place_and_in_place(shape, dtype, device):
+def tilings_of(shape, dtype=torch.bfloat16):
+    return same_bytes_copy_tilings(shape.heads, shape.head_dim,
+                                   torch.empty((), dtype=dtype).element_size())
+
+
+CASES = [(shape, dtype, tiling) for shape in SHAPES for dtype in DTYPES
+         for tiling in tilings_of(shape, dtype)]
+
+
+@pytest.mark.parametrize("shape,dtype,tiling", CASES,
+                         ids=[f"{s}-{d}-{t.label}" for s, d, t in CASES])
+def test_every_tiling_copies_bit_for_bit_out_of_place_and_in_place(shape, dtype, tiling, device):
     xq, xk, freqs = awkward_sets(shape, dtype, device)
     before = (xq.clone(), xk.clone())
-    q, k = same_bytes_copy(xq, xk, freqs)
+    q, k = same_bytes_copy(xq, xk, freqs, tiling=tiling)
     assert copies_exactly(before, (q, k))
     assert q.is_contiguous() and k.is_contiguous()  # like an out-of-place variant's outputs
     assert q.data_ptr() != xq.data_ptr() and k.data_ptr() != xk.data_ptr()
-    q2, k2 = same_bytes_copy_inplace(xq, xk, freqs)
+    q2, k2 = same_bytes_copy_inplace(xq, xk, freqs, tiling=tiling)
     assert q2 is xq and k2 is xk and copies_exactly(before, (xq, xk))
     v = xq._base.unbind(1)[2]
     assert not torch.isnan(v).any()  # v, the packed qkv's third slice, untouched
 
 
-def test_wrong_twins_are_caught(device):
+WRONG_TWIN_SHAPE = Shape(9, 4, 72)
+
+
+@pytest.mark.parametrize("tiling", tilings_of(WRONG_TWIN_SHAPE), ids=lambda t: t.label)
+def test_wrong_twins_are_caught(tiling, device):
     """A copy that stops a token short fails the bitwise check; a ``never`` equal
     to a cos or sin value of the last token changes that token's output, so the
     kernel reads every token's cos and sin (a copy that skipped them would not)."""
-    shape = Shape(9, 4, 72)
-    xq, xk, freqs = make_arg_sets(shape, torch.bfloat16, device, 1)[0]
+    xq, xk, freqs = make_arg_sets(WRONG_TWIN_SHAPE, torch.bfloat16, device, 1)[0]
     cos, sin = cos_sin_views(freqs)
 
     def launch(**kw):
         q_out, k_out = torch.empty_like(xq.contiguous()), torch.empty_like(xk.contiguous())
         q_out.fill_(0.5), k_out.fill_(0.5)
-        launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, **kw)
+        launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, tiling=tiling, **kw)
         return q_out, k_out
 
     assert copies_exactly((xq, xk), launch())
-    assert not copies_exactly((xq, xk), launch(n_tokens=shape.tokens - 1))
+    assert not copies_exactly((xq, xk), launch(n_tokens=WRONG_TWIN_SHAPE.tokens - 1))
     for table in (cos, sin):
         q_out, k_out = launch(never=table[-1, -1].item())
         assert not copies_exactly((xq, xk), (q_out, k_out))
         assert copies_exactly((xq[:-1], xk[:-1]), (q_out[:-1], k_out[:-1]))
+
+
+def test_the_family_covers_the_variants_access_patterns():
+    """row (the old single tiling), the fused kernel's own tile, and flat blocks;
+    no duplicates, every label distinct."""
+    for heads in (2, 3, 4, 16):
+        family = same_bytes_copy_tilings(heads, 72, 2)
+        assert family[0] == same_bytes_copy_config(heads, 72, 2)
+        fused = fused_launch_config(heads, 72, 2)
+        assert CopyTiling("head", block_t=fused.block_t, block_h=fused.block_h,
+                          num_warps=fused.num_warps) in family
+        assert {t.layout for t in family} == {"row", "head", "flat"}
+        assert len({t.label for t in family}) == len(family)
+    for bad in (dict(layout="tile"), dict(layout="row", block_t=3, block_c=16),
+                dict(layout="head", block_t=4, block_h=0), dict(layout="flat", block=True),
+                dict(layout="flat", block=256, num_warps=3)):
+        with pytest.raises(ValueError, match="CopyTiling"):
+            CopyTiling(**bad)
+
+
+def test_the_head_tiling_takes_any_head_stride_the_row_tilings_refuse_it(device):
+    """q/k whose heads are not adjacent (a (T, H, D) view of an (H, T, D) buffer):
+    the fused kernel reads such views, and so does the copy of its tile."""
+    shape = Shape(5, 3, 8)
+    xq, xk, freqs = make_arg_sets(shape, torch.float32, device, 1)[0]
+    xq, xk = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (xq, xk))
+    head = next(t for t in tilings_of(shape) if t.layout == "head")
+    q, k = same_bytes_copy(xq, xk, freqs, tiling=head)
+    assert copies_exactly((xq, xk), (q, k))
+    for tiling in (t for t in tilings_of(shape) if t.layout != "head"):
+        with pytest.raises(ValueError, match="row contiguous"):
+            same_bytes_copy(xq, xk, freqs, tiling=tiling)
+
+
+def test_the_reference_is_the_fastest_copy_of_the_same_kind():
+    def t(us):
+        return Timing(median_us=us, p20_us=us, p80_us=us, samples=1, timer="t",
+                      calls_per_sample=1)
+    timings = {"fused": t(1.0), f"{SAME_BYTES_COPY}[row:1x2/4]": t(5.0),
+               f"{SAME_BYTES_COPY}[flat:256/2]": t(3.0),
+               f"{SAME_BYTES_COPY_INPLACE}[head:4x2/4]": t(2.0),
+               f"{SAME_BYTES_COPY_INPLACE}[row:1x2/4]": t(4.0)}
+    assert fastest_copy(timings, False) == (3.0, "flat:256/2")
+    assert fastest_copy(timings, True) == (2.0, "head:4x2/4")
+    with pytest.raises(ValueError, match="no in-place"):
+        fastest_copy({"fused": t(1.0)}, True)
 
 
 def test_config_masks_no_lanes_at_kimis_rows_and_rejects_bad_input():
@@ -89,6 +151,8 @@ def test_bad_inputs_get_one_line_errors(device):
         same_bytes_copy(xq.transpose(0, 1).contiguous().transpose(0, 1), xk, freqs)
     with pytest.raises(TypeError, match="inplace"):
         same_bytes_copy(xq, xk, freqs, inplace=1)
+    with pytest.raises(TypeError, match="tiling"):
+        same_bytes_copy(xq, xk, freqs, tiling="row")
     with pytest.raises(TypeError, match="complex64"):
         same_bytes_copy(xq, xk, freqs.real)
 
@@ -100,9 +164,10 @@ def test_bench_shape_times_each_copy_on_the_input_sets_its_variants_read(monkeyp
     seen = {}
 
     def logged(name, fn):
-        def call(xq, xk, freqs):
+        def call(xq, xk, freqs, **kw):
             seen.setdefault(name, set()).add(xq.data_ptr())
-            return fn(xq, xk, freqs)
+            seen.setdefault(name + " tilings", set()).add(kw["tiling"].label)
+            return fn(xq, xk, freqs, **kw)
         return call
 
     monkeypatch.setattr(microbench, "same_bytes_copy",
@@ -125,7 +190,11 @@ def test_bench_shape_times_each_copy_on_the_input_sets_its_variants_read(monkeyp
     assert not seen[SAME_BYTES_COPY_INPLACE] & (seen["oop"] | seen["ip"])
     assert {r["variant"]: r["in_place"] for r in rows} == {"oop": False, "ip": True}
     assert all(math.isfinite(r["pct_of_same_bytes_copy"]) for r in rows)
+    labels = {t.label for t in tilings_of(Shape(8, 2, 8))}
+    assert seen[SAME_BYTES_COPY + " tilings"] == seen[SAME_BYTES_COPY_INPLACE + " tilings"] == labels
+    assert all(r["same_bytes_copy_tiling"] in labels for r in rows)
     seen.clear()
     only_oop = bench_shape(variants[:1], Shape(8, 2, 8), torch.bfloat16, ["eager"], device="cpu",
                            copy_gbps=1.0, samples=1, rounds=1)
-    assert len(only_oop) == 1 and set(seen) == {"oop", SAME_BYTES_COPY}  # no in-place copy
+    assert len(only_oop) == 1  # and no in-place copy timed:
+    assert set(seen) == {"oop", SAME_BYTES_COPY, SAME_BYTES_COPY + " tilings"}

@@ -11,7 +11,8 @@ import torch
 from rope_kernels.correctness import draw_rope_inputs
 from rope_kernels.provenance import provenance
 from rope_kernels.roofline import minimal_bytes  # noqa: F401  (its home: roofline.py)
-from rope_kernels.bench.same_bytes_copy import same_bytes_copy, same_bytes_copy_inplace
+from rope_kernels.bench.same_bytes_copy import (same_bytes_copy, same_bytes_copy_inplace,
+                                                same_bytes_copy_tilings)
 from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
 from rope_kernels.variants import Variant, get_variant
 
@@ -77,11 +78,34 @@ def rope_read_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) 
 
 
 # The same-bytes copies (``same_bytes_copy``) timed in rounds with the variants:
-# the out-of-place one on the variants' shared input sets, the in-place one on
-# input sets of its own, like every in-place variant. Each variant's row carries
-# the time of the one that moves what it moves (``in_place`` pairs them).
+# every tiling of ``same_bytes_copy_tilings``, out of place on the variants' shared
+# input sets and in place on input sets of their own (a copy in place rewrites the
+# same values, so the in-place copies share theirs). Each variant's row carries the
+# fastest copy that moves what it moves (``in_place`` pairs them) and its tiling.
 SAME_BYTES_COPY = "same_bytes_copy"
 SAME_BYTES_COPY_INPLACE = "same_bytes_copy_inplace"
+
+
+def copy_name(inplace: bool, label: str) -> str:
+    """The timing name of one copy tiling: same_bytes_copy[row:64x16/4]."""
+    return f"{SAME_BYTES_COPY_INPLACE if inplace else SAME_BYTES_COPY}[{label}]"
+
+
+def _copy_fn(inplace: bool, tiling):
+    if inplace:
+        return lambda xq, xk, freqs: same_bytes_copy_inplace(xq, xk, freqs, tiling=tiling)
+    return lambda xq, xk, freqs: same_bytes_copy(xq, xk, freqs, tiling=tiling)
+
+
+def fastest_copy(timings: dict, inplace: bool) -> tuple[float, str]:
+    """(median us, tiling label) of the fastest same-bytes copy of that kind."""
+    prefix = (SAME_BYTES_COPY_INPLACE if inplace else SAME_BYTES_COPY) + "["
+    medians = {name[len(prefix):-1]: t.median_us for name, t in timings.items()
+               if name.startswith(prefix)}
+    if not medians:
+        raise ValueError(f"no {'in-place ' if inplace else ''}same-bytes copy was timed")
+    label = min(medians, key=medians.get)
+    return medians[label], label
 
 
 def bench_shape(
@@ -104,10 +128,12 @@ def bench_shape(
 
     References in every row: ``copy_gbps`` is the device-to-device copy ceiling
     (``copy_bandwidth_gbps``, a 2 GiB copy) and ``pct_of_copy`` the variant's
-    minimal bytes per second against it; ``same_bytes_copy_us`` is the time of an
-    SM copy moving exactly the bytes this call moves, in place when the variant is
-    (``same_bytes_copy``), timed in the same rounds, and ``pct_of_same_bytes_copy``
-    is that time over the variant's (100: as fast as copying the bytes)."""
+    minimal bytes per second against it; ``same_bytes_copy_us`` is the median of
+    the fastest SM copy moving exactly the bytes this call moves, in place when the
+    variant is (``same_bytes_copy``, every tiling of ``same_bytes_copy_tilings``
+    timed in the same rounds; ``same_bytes_copy_tiling`` names the fastest), and
+    ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
+    copying the bytes)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -117,11 +143,14 @@ def bench_shape(
     # the other variants read stay untouched.
     fns = {v.name: (v, make_arg_sets(shape, dtype, device, count) if v.inplace else shared)
            for v in variants}
-    if any(not v.inplace for v in variants):
-        fns[SAME_BYTES_COPY] = (same_bytes_copy, shared)
+    tilings = same_bytes_copy_tilings(shape.heads, shape.head_dim,
+                                      torch.empty((), dtype=dtype).element_size())
+    copy_sets = {False: shared}
     if any(v.inplace for v in variants):
-        fns[SAME_BYTES_COPY_INPLACE] = (same_bytes_copy_inplace,
-                                        make_arg_sets(shape, dtype, device, count))
+        copy_sets[True] = make_arg_sets(shape, dtype, device, count)
+    for inplace in sorted({v.inplace for v in variants}):
+        for tiling in tilings:
+            fns[copy_name(inplace, tiling.label)] = (_copy_fn(inplace, tiling), copy_sets[inplace])
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
     rows = []
     for mode in modes:
@@ -131,8 +160,7 @@ def bench_shape(
                             seed=order_seed, rewarm=1 if device.type == "cuda" else 0)
         for variant in variants:
             t = timed.timings[variant.name]
-            copy_us = timed.timings[SAME_BYTES_COPY_INPLACE if variant.inplace
-                                    else SAME_BYTES_COPY].median_us
+            copy_us, copy_tiling = fastest_copy(timed.timings, variant.inplace)
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
@@ -144,6 +172,7 @@ def bench_shape(
                 "bytes": nbytes, "gbps": gbps,
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
                 "in_place": variant.inplace, "same_bytes_copy_us": copy_us,
+                "same_bytes_copy_tiling": copy_tiling,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 **variant.peer_columns,

@@ -1,29 +1,45 @@
 """The same-bytes copy: a reference that moves exactly the bytes one RoPE call moves.
 
-What it is. A Triton kernel that reads q and k where a RoPE call reads them (the
-strided views of the packed (T, 3, H, D) qkv), reads the fp32 cos and sin of every
-token once (the strided real/imaginary views of ``freqs_cis``), and writes q and k
+What it is. Triton kernels that read q and k where a RoPE call reads them (the
+strided views of the packed (T, 3, H, D) qkv), read the fp32 cos and sin of every
+token once (the strided real/imaginary views of ``freqs_cis``), and write q and k
 unchanged: out of place into fresh contiguous (T, H, D) outputs, like an
-out-of-place variant, or in place back into q and k, like an in-place variant. It
-does no arithmetic, so no RoPE kernel that moves the same bytes can beat it beyond
-noise: it is the limit at that size, timed exactly like the variants (same input
-sets, same timer, same rounds).
+out-of-place variant, or in place back into q and k, like an in-place variant. They
+do no arithmetic, so no RoPE kernel that moves the same bytes should beat them
+beyond noise: timed exactly like the variants (same input sets, same timer, same
+rounds), the fastest of them is the limit at that size.
+
+Why several tilings. How fast a copy runs depends on how its programs cut the
+bytes, and the variants cut them differently: the fused kernel moves whole heads
+of a few tokens, SGLang's Triton kernel flat blocks of 128 pairs, vLLM's kernel a
+token per program. One tiling is not a limit for all of them: the committed H200
+run of 66a5895 had one (``row`` below) and at 2 and 4 heads x 72 it was up to 1.8x
+slower than the in-place fused kernel (its 32-byte column blocks scatter each
+token's row over many programs). So ``same_bytes_copy_tilings`` gives a small
+family that covers the variants' access patterns, the benchmark times every
+member in the same rounds, and the reference is the fastest member's median
+(``bench.microbench``: ``same_bytes_copy_us`` and ``same_bytes_copy_tiling``):
+
+- ``row``: ``block_t`` tokens x ``block_c`` contiguous elements of a token's
+  heads x head_dim row (the row is contiguous in a packed qkv view);
+- ``head``: the fused kernel's own tile (``fused_launch_config``): ``block_t``
+  tokens x ``block_h`` heads x the whole head_dim in the same power-of-two chunks
+  (64 + 8 at 72), so the fused kernel moves no byte a copy of its tile does not;
+- ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
+  across tokens and heads like SGLang's kernel (no padded lanes).
 
 Why not ``clone()``. A clone of a contiguous buffer is one ``cudaMemcpyAsync``,
 whose speed on an H200 depends on the byte count's alignment: at Kimi's token
 counts (multiples of 5476) it ran at 40-65% of the large-copy ceiling, so the
 fused kernel read "108-140% of a copy". An SM copy has no such cliff.
 
-The cos/sin reads. A copy would not need them, so the kernel compares them with
-``never`` (a NaN passed at run time, equal to nothing) and would zero the token's
-first column block where one matched: the compiler cannot drop the loads, and the
-stored values are the loaded ones bit for bit. Each token's cos/sin are read by the program holding
-its first column block only, so they cross the memory bus once, as in
-``minimal_bytes``.
-
-Layout. A program owns ``block_t`` tokens x ``block_c`` contiguous elements of a
-token's heads x head_dim row (the row is contiguous in a packed qkv view);
-``same_bytes_copy_config`` picks the tile (see there). Token offsets are int64.
+The cos/sin reads. A copy would not need them, so the kernels compare them with
+``never`` (a NaN passed at run time, equal to nothing) and would zero what
+depends on a match: the compiler cannot drop the loads, and the stored values are
+the loaded ones bit for bit. Each token's cos/sin are read by one program only
+(the one holding the token's first column block, first head block or first
+``head_dim/2`` row elements), so they cross the memory bus once, as in
+``minimal_bytes``. Token offsets are int64.
 """
 
 from __future__ import annotations
@@ -37,11 +53,12 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
+from rope_kernels.kernels.fused import fused_launch_config, head_dim_chunks
 from rope_kernels.kernels.reference import cos_sin_views
 
 
 @triton.jit(do_not_specialize=["n_tokens", "never"])
-def _same_bytes_copy_kernel(
+def _copy_row_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
     q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
@@ -75,99 +92,243 @@ def _same_bytes_copy_kernel(
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, tl.where(keep, k, 0.0), mask=mask)
 
 
-# Bytes of q (and as many of k) one program moves: the fused kernel's tile
-# (``fused.TILE_BYTES``, measured there), about one 16-byte vector per thread of
-# 4 warps, so both kernels run the same number of similar programs.
+@triton.jit
+def _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, D0: tl.constexpr,
+                     WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Copy elements [D0, D0 + WIDTH) of each (token, head) row (masked to HEAD_DIM)."""
+    d = D0 + tl.arange(0, WIDTH)[None, None, :]
+    m = mask & (d < HEAD_DIM)
+    q = tl.load(q_row + d, mask=m)
+    k = tl.load(k_row + d, mask=m)
+    tl.store(qo_row + d, tl.where(keep, q, 0.0), mask=m)
+    tl.store(ko_row + d, tl.where(keep, k, 0.0), mask=m)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "never"])
+def _copy_head_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_tokens,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
+    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    never,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MAIN: tl.constexpr,  # the fused kernel's chunks: largest power of two <= HEAD_DIM
+    REST: tl.constexpr,  # power of two covering HEAD_DIM - MAIN (0 when none)
+    BLOCK_PAIRS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
+    pid = tl.program_id(0)
+    head_block = pid % N_HEAD_BLOCKS
+    tokens = (pid // N_HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    token_ok = tokens < n_tokens
+    mask = token_ok[:, None, None] & (heads < HEADS)[None, :, None]
+    t3 = tokens[:, None, None]
+    h3 = heads[None, :, None]
+    j = tl.arange(0, BLOCK_PAIRS)[None, :]
+    pair_mask = token_ok[:, None] & (j < HEAD_DIM // 2) & (head_block == 0)
+    t2 = tokens[:, None]
+    cos = tl.load(cos_ptr + t2 * cos_stride_t + j * cos_stride_d, mask=pair_mask, other=0.0)
+    sin = tl.load(sin_ptr + t2 * sin_stride_t + j * sin_stride_d, mask=pair_mask, other=0.0)
+    hits = tl.sum(((cos == never) | (sin == never)).to(tl.int32), axis=1)
+    keep = (hits == 0)[:, None, None]
+    q_row = q_ptr + t3 * (q_stride_t * VEC) + h3 * (q_stride_h * VEC)
+    k_row = k_ptr + t3 * (k_stride_t * VEC) + h3 * (k_stride_h * VEC)
+    qo_row = q_out_ptr + t3 * (qo_stride_t * VEC) + h3 * (qo_stride_h * VEC)
+    ko_row = k_out_ptr + t3 * (ko_stride_t * VEC) + h3 * (ko_stride_h * VEC)
+    _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, 0, MAIN, HEAD_DIM)
+    if REST > 0:
+        _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, MAIN, REST, HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "never"])
+def _copy_flat_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_tokens,
+    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    never,
+    ROW: tl.constexpr,
+    PAIRS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tokens = e // ROW
+    cols = e - tokens * ROW
+    ok = tokens < n_tokens
+    # The elements at columns [0, PAIRS) of a token's row read its cos/sin: once a token.
+    pair_ok = ok & (cols < PAIRS)
+    cos = tl.load(cos_ptr + tokens * cos_stride_t + cols * cos_stride_d, mask=pair_ok, other=0.0)
+    sin = tl.load(sin_ptr + tokens * sin_stride_t + cols * sin_stride_d, mask=pair_ok, other=0.0)
+    keep = (cos != never) & (sin != never)
+    q = tl.load(q_ptr + tokens * (q_stride_t * VEC) + cols, mask=ok)
+    k = tl.load(k_ptr + tokens * (k_stride_t * VEC) + cols, mask=ok)
+    tl.store(q_out_ptr + tokens * (qo_stride_t * VEC) + cols, tl.where(keep, q, 0.0), mask=ok)
+    tl.store(k_out_ptr + tokens * (ko_stride_t * VEC) + cols, tl.where(keep, k, 0.0), mask=ok)
+
+
+# Bytes of q (and as many of k) one ``row`` program moves: the fused kernel's tile
+# (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
+LAYOUTS = ("row", "head", "flat")
+# ``flat`` blocks: (elements, warps). 256 elements on 2 warps is SGLang's program
+# (128 pairs); 1024 on 4 warps is one 16-byte vector per thread at bf16.
+FLAT_BLOCKS = ((256, 2), (1024, 4))
 
 
 @dataclass(frozen=True)
-class CopyConfig:
-    """Launch settings of the same-bytes copy (see ``same_bytes_copy_config``)."""
+class CopyTiling:
+    """How one same-bytes copy cuts the bytes into programs (see the module docstring)."""
 
-    block_t: int  # tokens per program
-    block_c: int  # contiguous elements of a token's row per program
-    num_warps: int
+    layout: str  # "row" | "head" | "flat"
+    block_t: int = 1  # tokens per program (row, head)
+    block_c: int = 0  # row: contiguous elements of a token's row per program
+    block_h: int = 0  # head: heads per program
+    block: int = 0  # flat: consecutive elements per program
+    num_warps: int = 4
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        needed = {"row": ("block_t", "block_c"), "head": ("block_t", "block_h"),
+                  "flat": ("block",)}[self.layout]
+        for name in needed + ("num_warps",):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"CopyTiling.{name} must be a positive power of two for the "
+                                 f"{self.layout} layout, got {v!r}")
+
+    @property
+    def label(self) -> str:
+        """Short name for result rows: row:64x16, head:4x2, flat:1024 (then /warps)."""
+        size = {"row": f"{self.block_t}x{self.block_c}", "head": f"{self.block_t}x{self.block_h}",
+                "flat": f"{self.block}"}[self.layout]
+        return f"{self.layout}:{size}/{self.num_warps}"
 
 
-def same_bytes_copy_config(heads: int, head_dim: int, element_size: int) -> CopyConfig:
-    """Column blocks: the largest power of two dividing the row (heads x head_dim),
-    so no lane is masked off (1152 = 9 x 128 at 16 x 72), capped at the tile; when
-    that is narrower than a DRAM sector, the row's power-of-two cover instead.
-    Tokens per program fill the rest of ``TILE_BYTES``."""
-    for name, v in (("heads", heads), ("head_dim", head_dim), ("element_size", element_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+def same_bytes_copy_config(heads: int, head_dim: int, element_size: int) -> CopyTiling:
+    """The ``row`` tiling. Column blocks: the largest power of two dividing the row
+    (heads x head_dim), so no lane is masked off (1152 = 9 x 128 at 16 x 72), capped
+    at the tile; when that is narrower than a DRAM sector, the row's power-of-two
+    cover instead. Tokens per program fill the rest of ``TILE_BYTES``."""
+    _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
     row = heads * head_dim
     tile = max(1, TILE_BYTES // element_size)
     block_c = min(row & -row, tile)
     if block_c * element_size < MIN_SEGMENT_BYTES:
         block_c = min(triton.next_power_of_2(row), tile)
-    return CopyConfig(block_t=max(1, tile // block_c), block_c=block_c, num_warps=4)
+    return CopyTiling("row", block_t=max(1, tile // block_c), block_c=block_c, num_warps=4)
 
 
-def _token_vector_width(tensors, element_size: int) -> int:
-    """Widest power-of-two element count (at most 16 bytes) dividing every token
+def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tuple[CopyTiling, ...]:
+    """The family the benchmark times (the reference is its fastest member): the
+    ``row`` tiling, the fused kernel's own tile as ``head``, and the ``FLAT_BLOCKS``."""
+    _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
+    fused = fused_launch_config(heads, head_dim, element_size)
+    family = [same_bytes_copy_config(heads, head_dim, element_size),
+              CopyTiling("head", block_t=fused.block_t, block_h=fused.block_h,
+                         num_warps=fused.num_warps)]
+    family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
+    return tuple(dict.fromkeys(family))
+
+
+def _check_ints(**values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _vector_width(tensors, element_size: int, strides=(0,)) -> int:
+    """Widest power-of-two element count (at most 16 bytes) dividing every given
     stride and base offset, so row loads are provably aligned vectors."""
     vec = max(1, 16 // element_size)
     while vec > 1:
-        if all(t.stride(0) % vec == 0 and t.data_ptr() % (vec * element_size) == 0
-               for t in tensors):
+        if all(all(t.stride(d) % vec == 0 for d in strides)
+               and t.data_ptr() % (vec * element_size) == 0 for t in tensors):
             return vec
         vec //= 2
     return 1
 
 
-def _check_rows(xq: torch.Tensor, xk: torch.Tensor) -> None:
+def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
     _, heads, head_dim = xq.shape
     for name, x in (("xq", xq), ("xk", xk)):
         if heads > 1 and x.stride(1) != head_dim:
-            raise ValueError(f"{name}: same_bytes_copy needs each token's heads x head_dim row "
-                             f"contiguous (head stride {head_dim}), got strides {tuple(x.stride())}")
+            raise ValueError(f"{name}: the {layout} same-bytes copy needs each token's heads x "
+                             f"head_dim row contiguous (head stride {head_dim}), got strides "
+                             f"{tuple(x.stride())}")
 
 
-def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, n_tokens: int | None = None,
-                           never: float = math.nan) -> None:
-    """Launch the copy kernel on checked tensors. ``n_tokens`` and ``never`` exist
-    for the tests: fewer tokens (a copy that stops short) and a ``never`` equal to
-    a cos value (which proves the cos/sin loads happen) must both be caught."""
+def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling | None = None,
+                           n_tokens: int | None = None, never: float = math.nan) -> None:
+    """Launch one copy kernel on checked tensors (``tiling``: the ``row`` tiling by
+    default). ``n_tokens`` and ``never`` exist for the tests: fewer tokens (a copy
+    that stops short) and a ``never`` equal to a cos value (which proves the cos/sin
+    loads happen) must both be caught."""
     tokens, heads, head_dim = xq.shape
     n_tokens = tokens if n_tokens is None else n_tokens
     if tokens == 0 or heads == 0:
         return
     check_triton_device(xq, "same_bytes_copy")
-    cfg = same_bytes_copy_config(heads, head_dim, xq.element_size())
-    vec = _token_vector_width((xq, xk, q_out, k_out), xq.element_size())
+    es = xq.element_size()
+    tiling = same_bytes_copy_config(heads, head_dim, es) if tiling is None else tiling
+    if not isinstance(tiling, CopyTiling):
+        raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
+    tensors = (xq, xk, q_out, k_out)
     row = heads * head_dim
-    grid = (triton.cdiv(tokens, cfg.block_t) * triton.cdiv(row, cfg.block_c),)
-    _same_bytes_copy_kernel[grid](
-        xq, xk, q_out, k_out, cos, sin,
-        n_tokens,
-        xq.stride(0) // vec, xk.stride(0) // vec, q_out.stride(0) // vec, k_out.stride(0) // vec,
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        float(never),
-        ROW=row,
-        PAIRS=head_dim // 2,
-        BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
-        BLOCK_T=cfg.block_t,
-        BLOCK_C=cfg.block_c,
-        VEC=vec,
-        num_warps=cfg.num_warps,
-    )
+    trig = (cos, sin, cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), float(never))
+    if tiling.layout == "head":
+        vec = _vector_width(tensors, es, strides=(0, 1))
+        main, rest = head_dim_chunks(head_dim)
+        grid = (triton.cdiv(tokens, tiling.block_t) * triton.cdiv(heads, tiling.block_h),)
+        _copy_head_kernel[grid](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens,
+            *(s // vec for t in tensors for s in (t.stride(0), t.stride(1))), *trig[2:],
+            HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest,
+            BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2), BLOCK_T=tiling.block_t,
+            BLOCK_H=tiling.block_h, VEC=vec, num_warps=tiling.num_warps)
+        return
+    _check_rows(xq, xk, tiling.layout)
+    vec = _vector_width(tensors, es)
+    strides = tuple(t.stride(0) // vec for t in tensors)
+    if tiling.layout == "row":
+        grid = (triton.cdiv(tokens, tiling.block_t) * triton.cdiv(row, tiling.block_c),)
+        _copy_row_kernel[grid](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
+            ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
+            BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c, VEC=vec, num_warps=tiling.num_warps)
+    else:
+        grid = (triton.cdiv(tokens * row, tiling.block),)
+        _copy_flat_kernel[grid](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
+            ROW=row, PAIRS=head_dim // 2, BLOCK=tiling.block, VEC=vec,
+            num_warps=tiling.num_warps)
 
 
 def same_bytes_copy(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor, *,
-                    inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    inplace: bool = False,
+                    tiling: CopyTiling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Copy q and k, reading cos/sin too: the bytes an out-of-place RoPE call moves
     (fresh contiguous outputs), or with ``inplace=True`` an in-place one's (q and k
     rewritten where they are). Same signature as a registry variant, so it is timed
-    on the variants' own input sets. Returns the outputs (equal to q and k, bit for bit)."""
+    on the variants' own input sets; ``tiling`` picks a member of
+    ``same_bytes_copy_tilings`` (the ``row`` tiling by default). Returns the outputs
+    (equal to q and k, bit for bit)."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
-    _check_rows(xq, xk)
+    if tiling is not None and not isinstance(tiling, CopyTiling):
+        raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
+    if tiling is None or tiling.layout != "head":
+        _check_rows(xq, xk, "row" if tiling is None else tiling.layout)
     cos, sin = cos_sin_views(freqs_cis)
     if inplace:
         check_writable_in_place(xq, xk)
@@ -175,10 +336,10 @@ def same_bytes_copy(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
     else:
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-    launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin)
+    launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, tiling=tiling)
     return q_out, k_out
 
 
-def same_bytes_copy_inplace(xq, xk, freqs_cis):
+def same_bytes_copy_inplace(xq, xk, freqs_cis, *, tiling: CopyTiling | None = None):
     """``same_bytes_copy`` in place: the reference for in-place variants."""
-    return same_bytes_copy(xq, xk, freqs_cis, inplace=True)
+    return same_bytes_copy(xq, xk, freqs_cis, inplace=True, tiling=tiling)

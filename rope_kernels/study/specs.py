@@ -289,6 +289,13 @@ def _old_rows_in_place(old):
     return old["variant"].isin(_IN_PLACE_BEFORE_COLUMN)
 
 
+def _only_the_row_tiling(old):
+    """Rows timed before the copy family had one copy, the ``row`` tiling."""
+    import pandas as pd
+
+    return pd.Series("row", index=old.index).where(old["same_bytes_copy_us"].notna())
+
+
 def _never_in_place(old):
     import pandas as pd
 
@@ -314,8 +321,10 @@ RESULT_FILES: dict[str, Table] = {
     "microbench.csv": Table(MICROBENCH_KEY,
                             added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
                                                   "in_place", "same_bytes_copy_us",
-                                                  "pct_of_same_bytes_copy"),
-                            derived={"in_place": _old_rows_in_place},
+                                                  "pct_of_same_bytes_copy",
+                                                  "same_bytes_copy_tiling"),
+                            derived={"in_place": _old_rows_in_place,
+                                     "same_bytes_copy_tiling": _only_the_row_tiling},
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
                             # superseded by the SM same-bytes copy above.
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
