@@ -1,0 +1,48 @@
+"""Is the same-bytes copy family a limit? (H200 exploration, ~60 s.)
+
+For a few shapes, times the RoPE variants and every copy tiling in the same rounds
+(``bench.microbench.bench_shape``, cold L2, CUDA graphs) and prints each tiling's
+median beside the variants', and which variants beat the fastest copy of their kind.
+Usage: python tools/copy_explore.py [--quick]"""
+
+import sys
+
+import pandas as pd
+import torch
+
+from rope_kernels.bench import microbench as mb
+from rope_kernels.bench.timing import copy_bandwidth_gbps
+from rope_kernels.variants import registry
+
+captured = []
+_fastest = mb.fastest_copy
+
+
+def spy(timings, inplace):
+    captured.append({k: t.median_us for k, t in timings.items()})
+    return _fastest(timings, inplace)
+
+
+mb.fastest_copy = spy
+NAMES = ("fused", "fused_inplace", "sglang_vision", "vllm_packed_qk", "sglang_kimi_k25")
+variants = [v for n, v in registry().items() if n in NAMES]
+print("variants:", [v.name for v in variants], flush=True)
+shapes = [mb.Shape(256, 3, 128), mb.Shape(1024, 2, 72), mb.Shape(21904, 2, 72),
+          mb.Shape(87616, 2, 72), mb.Shape(21904, 4, 72), mb.Shape(21904, 16, 72),
+          mb.Shape(87616, 16, 72), mb.Shape(5476, 16, 72)]
+if "--quick" in sys.argv:
+    shapes = shapes[1:4]
+ceiling = copy_bandwidth_gbps("cuda")
+print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
+pd.set_option("display.width", 250)
+for shape in shapes:
+    captured.clear()
+    rows = mb.bench_shape(variants, shape, torch.bfloat16, ["cudagraph"], device="cuda",
+                          copy_gbps=ceiling, samples=9, rounds=3)
+    copies = {k: v for k, v in captured[-1].items() if k.startswith("same_bytes")}
+    line = "  ".join(f"{k.replace('same_bytes_copy', 'c')}={v:.2f}" for k, v in sorted(copies.items()))
+    print(f"\n== {shape.tokens}x{shape.heads}x{shape.head_dim}: {line}")
+    df = pd.DataFrame(rows)[["variant", "in_place", "median_us", "pct_of_copy",
+                             "same_bytes_copy_us", "same_bytes_copy_tiling",
+                             "pct_of_same_bytes_copy"]]
+    print(df.round(2).to_string(index=False), flush=True)
