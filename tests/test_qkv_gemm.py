@@ -126,9 +126,10 @@ def test_rotation_compiled_out_is_the_plain_projection(persistent, device):
 
 
 def test_config_labels_and_subtile_needs_two_heads():
-    assert QKVGemmConfig().label == "128x128x64x16/4/8/8"
+    # the defaults are the H200 sweep's best (qkv_gemm_sweep.csv at 66a589554918)
+    assert QKVGemmConfig().label == "128x256x64x16/3/8/8"
     assert QKVGemmConfig(persistent=True, epilogue_subtile=True, use_tma=False).label == \
-        "128x128x64x16/4/8/8/persistent/subtile/pointers"
+        "128x256x64x16/3/8/8/persistent/subtile/pointers"
     with pytest.raises(ValueError, match="heads_per_tile >= 2"):
         QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
     with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
@@ -137,6 +138,9 @@ def test_config_labels_and_subtile_needs_two_heads():
     from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
 
     assert QKV_CANDIDATE_CONFIGS[0] == QKVGemmConfig()
+    # every GPU run re-times each candidate (compiles included): at most six, no repeats
+    assert len(QKV_CANDIDATE_CONFIGS) <= 6
+    assert len(set(QKV_CANDIDATE_CONFIGS)) == len(QKV_CANDIDATE_CONFIGS)
     for config in QKV_CANDIDATE_CONFIGS:
         fitted = with_layout(config, 2, 72)
         assert fitted.block_m == config.block_m and fitted.persistent == config.persistent
@@ -241,8 +245,21 @@ def test_permuted_tile_holds_pair_members():
 def test_tile_layout_heuristic():
     assert tile_layout(16, 72) == (128, 16)  # Kimi: 27 tiles of 16 heads x 4 pairs
     assert tile_layout(12, 128) == (128, 4)  # 36 heads: 4 | 36, 16 pairs | 64
-    config = qkv_gemm_config(16, 72, torch.device("cuda"))
-    assert (config.block_n, config.heads_per_tile, config.pairs_per_tile) == (128, 16, 4)
+    assert tile_layout(16, 72, widths=(256,)) == (256, 16)  # 36 pairs padded to 40
+    cuda = torch.device("cuda")
+    # NVIDIA, Kimi at TP 1: the measured best, 256-wide tiles of 16 heads x 8 pairs
+    config = qkv_gemm_config(16, 72, cuda)
+    assert config == QKVGemmConfig()
+    assert (config.block_n, config.heads_per_tile, config.pairs_per_tile) == (256, 16, 8)
+    # Kimi at TP 8 (2 heads): 256 wide pads 6 x 36 pairs to 384 rows against 288 at
+    # 64 wide: the narrow layout, with the defaults' other settings
+    config = qkv_gemm_config(2, 72, cuda)
+    assert (config.block_n, config.heads_per_tile) == (64, 8)
+    assert (config.block_m, config.block_k, config.num_stages) == (128, 64, 3)
+    # AMD: 128-wide tiles and 2 stages, so the operand buffers fit 64 KB of LDS
+    config = qkv_gemm_config(16, 72, cuda, amd=True)
+    assert (config.block_n, config.heads_per_tile, config.num_stages) == (128, 16, 2)
+    assert 2 * config.num_stages * (config.block_m + config.block_n) * config.block_k <= 64 * 1024
 
 
 def _update_weights(update, w, b):
@@ -472,7 +489,7 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
     """A variant computing the wrong thing gets matches_float64 False, not a pass."""
     from rope_kernels.bench import qkv_bench
 
-    monkeypatch.setattr(qkv_bench, "_linear_then_fused",
+    monkeypatch.setattr(qkv_bench, "linear_then_fused_rope",
                         lambda x, w, b, cos, sin, h, d: qkv_bench.F.linear(x, w, b).view(
                             x.shape[0], 3, h, d))  # forgets the rotation
     df = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
@@ -481,19 +498,89 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
     assert list(df.matches_float64) == ["True", "False"]
 
 
+def _qkv_sweep_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "qkv_sweep.py"
+    spec = importlib.util.spec_from_file_location("qkv_sweep_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
+    """tools/qkv_sweep.py's loop on the CPU (tiny shape, eager): baselines, then each
+    config rotated and with the rotation compiled out, all checked against float64; a
+    config that raises and one that computes the wrong thing are one line each, kept
+    as rows, and the sweep goes on to the next config."""
+    from rope_kernels.bench import qkv_bench
+
+    tool = _qkv_sweep_tool()
+    small = qkv_gemm_config(2, 8, torch.device("cpu"))
+    raising = QKVGemmConfig(**{**small.__dict__, "group_m": 2})
+    wrong = QKVGemmConfig(**{**small.__dict__, "group_m": 4})
+    real_ours = qkv_bench.ours
+
+    def ours(name, config, heads, head_dim):
+        fn = real_ours(name, config, heads, head_dim)
+        if config == raising:
+            def fail(a):
+                raise RuntimeError("out of resources")
+            return fail
+        if config == wrong:
+            return lambda a: fn(a) * 2
+        return fn
+
+    monkeypatch.setattr(qkv_bench, "ours", ours)
+    lines = []
+    df = tool.run_sweep((37,), [raising, wrong, small], device=torch.device("cpu"), hidden=32,
+                        heads=2, head_dim=8, samples=1, mode="eager", log=lines.append)
+    assert list(df.variant) == ["cublas_linear", "cublas_linear+fused_rope"] + [
+        "qkv_rope_linear", "qkv_gemm_rotation_compiled_out"] * 3
+    assert list(df.config[2:]) == [c.label for c in (raising, wrong, small) for _ in range(2)]
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    assert sum("RuntimeError: out of resources" in line for line in lines) == 2
+    assert sum("WRONG against float64" in line for line in lines) == 2
+    good = df[df.config == small.label]
+    assert (good.matches_float64 == True).all() and (good.median_us > 0).all()  # noqa: E712
+    assert df[df.config == raising.label].median_us.isna().all()
+    assert (df[df.config == wrong.label].matches_float64 == False).all()  # noqa: E712
+    assert df.ratio_to_cublas.iloc[0] == 1.0 and df.ratio_to_cublas_fused_rope.iloc[1] == 1.0
+    table = tool.format_tables(df)
+    best = table.split("best qkv_rope_linear")[1]
+    assert small.label in best and wrong.label not in best and raising.label not in best
+
+
+def test_qkv_sweep_tool_arguments():
+    tool = _qkv_sweep_tool()
+    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
+
+    assert tool.pick_configs(None, QKV_SWEEP_CONFIGS) == list(QKV_SWEEP_CONFIGS)
+    assert tool.pick_configs("2,0", QKV_SWEEP_CONFIGS) == [QKV_SWEEP_CONFIGS[2],
+                                                           QKV_SWEEP_CONFIGS[0]]
+    with pytest.raises(ValueError, match="out of range"):
+        tool.pick_configs(str(len(QKV_SWEEP_CONFIGS)), QKV_SWEEP_CONFIGS)
+    with pytest.raises(ValueError, match="comma-separated ints"):
+        tool.pick_configs("a,b", QKV_SWEEP_CONFIGS)
+    assert tool.parse_args(["--quick"]).quick
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--samples", "0"])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
 def test_candidate_configs_match_float64_at_kimi_size(angles):
-    """Every config notebook 05_qkv_gemm sweeps, compiled, at Kimi's projection (1152 -> 3 x 16 x 72)
-    and a token count no tile divides: the GPU paths (TMA, persistent, subtiled, padded
-    pairs) against float64 (GPU only)."""
-    from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
+    """Every config notebook 05_qkv_gemm and tools/qkv_sweep.py time, compiled, at Kimi's
+    projection (1152 -> 3 x 16 x 72) and a token count no tile divides: the GPU paths
+    (TMA, persistent, subtiled, padded pairs) against float64 (GPU only)."""
+    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS, with_layout
 
     grids = [(1, 74, 74), (1, 1, 77)]
     x, w, b, freqs_cis = make_problem("cuda", heads=16, head_dim=72, hidden=1152, grids=grids,
                                       seed=0)
     tokens = x.shape[0]
-    for config in QKV_CANDIDATE_CONFIGS:
+    for config in QKV_SWEEP_CONFIGS:
         config = with_layout(config, 16, 72)
         out = torch.full((tokens, 3, 16, 72), float("nan"), dtype=x.dtype, device="cuda")
         if angles:
@@ -505,3 +592,37 @@ def test_candidate_configs_match_float64_at_kimi_size(angles):
         assert torch.isfinite(out).all(), (config.label, "an output element was never written")
         err, tol = judge(out, x, w, b, freqs_cis)
         assert err <= tol, (config.label, err, tol)
+
+
+# sm_90's largest shared memory per block (227 KB): a config above it compiles, but
+# its launch fails on an H100/H200 (out of resources).
+SM90_MAX_SHARED_BYTES = 227 * 1024
+
+
+def _ptxas_available() -> bool:
+    try:
+        from triton import knobs
+
+        return bool(knobs.nvidia.ptxas.path)
+    except Exception:  # no NVIDIA backend or no ptxas in this Triton
+        return False
+
+
+@pytest.mark.compile_matrix
+def test_sweep_configs_compile_for_sm90(tmp_path):
+    """Every config tools/qkv_sweep.py times (QKV_CANDIDATE_CONFIGS among them) compiles
+    for sm_90 through TMA as qkv_rope_linear launches it, without spills and within an
+    H200's shared memory: the GPU exploration spends no time on a config that cannot run."""
+    if not _ptxas_available():
+        pytest.skip("Triton's ptxas is not available")
+    from rope_kernels.bench.compile_matrix import write_compile_matrix
+    from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS
+
+    assert set(QKV_CANDIDATE_CONFIGS) <= set(QKV_SWEEP_CONFIGS)
+    table = write_compile_matrix(tmp_path / "qkv_sweep_sm90.csv",
+                                 entries="rope_kernels.bench.compile_matrix:qkv_sweep_entries",
+                                 targets=["sm_90"], timeout_s=600)
+    assert sorted(table["kernel"]) == sorted(f"qkv_gemm {c.label}" for c in QKV_SWEEP_CONFIGS)
+    assert (table["target"] == "sm_90").all() and table["compiled"].all()
+    too_big = table[(table["shared_bytes"] > SM90_MAX_SHARED_BYTES) | table["spills"]]
+    assert too_big.empty, too_big[["kernel", "registers", "spill_bytes", "shared_bytes"]]

@@ -135,6 +135,31 @@ def _qkv_gemm_launch(use_tma: bool):
 # seconds, so not every study shape and dtype.
 QKV_GEMM_SHAPES = {72: (16,)}
 
+
+def _qkv_config_launch(config):
+    """``qkv_rope_linear`` at ``config`` (fitted to the shape's layout) through TMA."""
+    def launch(tokens, heads, head_dim, dtype):
+        from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_rope_linear, with_layout
+
+        x = torch.empty(tokens, 1152, dtype=dtype, device="meta")
+        w = torch.empty(3 * heads * head_dim, 1152, dtype=dtype, device="meta")
+        b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
+        _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
+        fitted = with_layout(config, heads, head_dim, x.element_size())
+        qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag,
+                        config=QKVGemmConfig(**{**fitted.__dict__, "use_tma": True}))
+    return launch
+
+
+def qkv_config_entries(configs) -> tuple[KernelEntry, ...]:
+    """One entry per QKV GEMM config (Hopper-and-newer TMA path, Kimi's shape, bf16),
+    named ``qkv_gemm <label>``: ``qkv_sweep_entries`` compiles what
+    ``tools/qkv_sweep.py`` times (``write_compile_matrix(entries=..., targets=["sm_90"])``)."""
+    return tuple(KernelEntry(f"qkv_gemm {c.label}", "rope_kernels.kernels.qkv_gemm",
+                             "_qkv_rope_kernel_persistent" if c.persistent else "_qkv_rope_kernel",
+                             _qkv_config_launch(c), dtypes=("bfloat16",),
+                             heads_by_head_dim=QKV_GEMM_SHAPES) for c in configs)
+
 KERNELS = (
     KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_kernel", _launch_fused),
     # The merged path upcasts q and k to fp32 before its rotary kernel: fp32 is the
@@ -148,6 +173,14 @@ KERNELS = (
                 _qkv_gemm_launch(use_tma=True), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
 )
+
+
+
+def qkv_sweep_entries() -> tuple[KernelEntry, ...]:
+    """``qkv_config_entries`` of ``QKV_SWEEP_CONFIGS`` (what tools/qkv_sweep.py times)."""
+    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
+
+    return qkv_config_entries(QKV_SWEEP_CONFIGS)
 
 
 class _LaunchRecorder:
@@ -283,27 +316,42 @@ def compile_matrix(kernels: Sequence[KernelEntry] = KERNELS,
 
 
 def load_entries(spec: str) -> Sequence[KernelEntry]:
-    """'package.module:NAME' -> the KernelEntry sequence it names."""
+    """'package.module:NAME' -> the KernelEntry sequence it names (NAME may be a
+    function returning one)."""
     module, _, name = spec.partition(":")
     entries = getattr(importlib.import_module(module), name or "KERNELS")
+    if callable(entries):
+        entries = entries()
     if not all(isinstance(e, KernelEntry) for e in entries):
         raise TypeError(f"{spec} must be a sequence of KernelEntry")
     return entries
 
 
 def write_compile_matrix(csv_path: Path = COMPILE_MATRIX_CSV, *, entries: str | None = None,
-                         timeout_s: float = 900, extra_env: dict | None = None) -> pd.DataFrame:
+                         targets: Sequence[str] | None = None, timeout_s: float = 900,
+                         extra_env: dict | None = None) -> pd.DataFrame:
     """Run the matrix with the real compiler (a subprocess with the interpreter off)
     and replace ``csv_path`` with its table. Raises RuntimeError if any compile failed.
 
-    ``entries``: 'module:NAME' of other KernelEntry objects than ``KERNELS``."""
+    ``entries``: 'module:NAME' of other KernelEntry objects than ``KERNELS``;
+    ``targets``: labels of some of ``TARGETS`` (e.g. ["sm_90"]); None: all."""
     csv_path = Path(csv_path)
+    labels = [t.label for t in TARGETS]
+    if targets is not None:
+        unknown = sorted(set(targets) - set(labels))
+        if unknown or not targets:
+            raise ValueError(f"targets must be some of {labels}, got {list(targets)}")
     env = {**os.environ, **(extra_env or {}), "TRITON_INTERPRET": "0"}
+    args = [str(csv_path)]
+    if entries or targets:
+        args.append(entries or "rope_kernels.bench.compile_matrix:KERNELS")
+    if targets:
+        args.append(",".join(targets))
     with tempfile.TemporaryDirectory() as tmp:
         # A private cache: every kernel is really compiled, none read back from disk.
         env["TRITON_CACHE_DIR"] = tmp
-        proc = subprocess.run([sys.executable, "-m", "rope_kernels.bench.compile_matrix",
-                               str(csv_path), *([entries] if entries else [])], env=env, cwd=REPO_ROOT, timeout=timeout_s,
+        proc = subprocess.run([sys.executable, "-m", "rope_kernels.bench.compile_matrix", *args],
+                              env=env, cwd=REPO_ROOT, timeout=timeout_s,
                               text=True, capture_output=True)
     print(proc.stdout, end="")
     if proc.returncode not in (0, EXIT_COMPILE_FAILED):
@@ -333,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     csv_path = Path(argv[0]) if argv else COMPILE_MATRIX_CSV
-    table = compile_matrix(load_entries(argv[1]) if len(argv) > 1 else KERNELS)
+    targets = TARGETS
+    if len(argv) > 2:
+        targets = tuple(t for t in TARGETS if t.label in argv[2].split(","))
+    table = compile_matrix(load_entries(argv[1]) if len(argv) > 1 else KERNELS, targets)
     write_atomic(csv_path, table.to_csv(index=False))
     print(f"{int(table['compiled'].sum())}/{len(table)} compiled -> {csv_path}")
     return 0 if table["compiled"].all() else EXIT_COMPILE_FAILED

@@ -99,7 +99,8 @@ def make_args(tokens: int, hidden: int, heads: int, head_dim: int, device, *, se
     }
 
 
-def _linear_then_fused(x, w, b, cos, sin, heads, head_dim):
+def linear_then_fused_rope(x, w, b, cos, sin, heads, head_dim):
+    """cuBLAS (F.linear), then the fused RoPE kernel in place on q and k of the packed view."""
     qkv = F.linear(x, w, b).view(x.shape[0], 3, heads, head_dim)
     fused_qk_rope(qkv[:, 0], qkv[:, 1], cos, sin, inplace=True)
     return qkv
@@ -181,7 +182,7 @@ def _error(out, reference, native_error: float, scale: float) -> dict:
             "matches_float64": bool(err <= tol)}
 
 
-def _references(a: dict, heads: int, head_dim: int):
+def references(a: dict, heads: int, head_dim: int):
     """(rotated, unrotated) float64 references as (q, k, v), the native path's error
     against each, and the references' largest magnitude."""
     tokens = a["x"].shape[0]
@@ -196,6 +197,30 @@ def _references(a: dict, heads: int, head_dim: int):
     native_lin = max((o.double() - r).abs().max().item() for o, r in zip(lin.unbind(1), unrotated))
     scale = max(r.abs().max().item() for r in rotated)
     return (rotated, native_rot), (unrotated, native_lin), scale
+
+
+def measure_variant(name: str, fn, arg_sets: Sequence[dict], refs: tuple, *,
+                    mode: str = "cudagraph", samples: int = 30):
+    """(timing or None, note, correctness columns, seconds spent) of ``fn`` over the
+    arg sets: one call checked against ``refs`` ((rotated, unrotated, scale) from
+    ``references``; unrotated variants,
+    ``UNROTATED``, against x W^T + b), then timed by ``timing.time_fn``. A failure
+    is returned as the note ("failed: ..."), never raised."""
+    device = arg_sets[0]["x"].device
+    try:
+        start = time.perf_counter()
+        out = fn(arg_sets[0])  # compiles, autotunes
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        note = (f"compiled in {time.perf_counter() - start:.0f} s"
+                if name == "compile_max_autotune" else "")
+        (reference, native), scale = refs[name in UNROTATED], refs[2]
+        checked = _error(out, reference, native, scale)
+        del out
+        timing = time_fn(fn, [(a,) for a in arg_sets], mode=mode, samples=samples)
+        return timing, note, checked, time.perf_counter() - start
+    except Exception as e:  # recorded, not raised: a variant failing is a result
+        return None, f"failed: {type(e).__name__}: {str(e)[:200]}", {}, 0.0
 
 
 def run_qkv_bench(
@@ -244,21 +269,7 @@ def run_qkv_bench(
              "mode": mode}
 
     def measure(name, fn, arg_sets, refs):
-        """(timing or None, note, correctness columns) of fn over the arg sets."""
-        try:
-            start = time.perf_counter()
-            out = fn(arg_sets[0])  # compiles, autotunes
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            note = (f"compiled in {time.perf_counter() - start:.0f} s"
-                    if name == "compile_max_autotune" else "")
-            (reference, native), scale = refs[name in UNROTATED], refs[2]
-            checked = _error(out, reference, native, scale)
-            del out
-            timing = time_fn(fn, [(a,) for a in arg_sets], mode=mode, samples=samples)
-            return timing, note, checked, time.perf_counter() - start
-        except Exception as e:  # recorded, not raised: a variant failing is a result
-            return None, f"failed: {type(e).__name__}: {str(e)[:200]}", {}, 0.0
+        return measure_variant(name, fn, arg_sets, refs, mode=mode, samples=samples)
 
     def row_of(name, t, config, timing, note, checked):
         row = {"variant": name, "tokens": t, **shape, "config": config,
@@ -275,7 +286,7 @@ def run_qkv_bench(
 
     for t in tokens:
         arg_sets = [make_args(t, hidden, heads, head_dim, device, seed=s) for s in range(2)]
-        rotated, unrotated, scale = _references(arg_sets[0], heads, head_dim)
+        rotated, unrotated, scale = references(arg_sets[0], heads, head_dim)
         refs = (rotated, unrotated, scale)  # refs[True] = unrotated
         best_ours = None
         for name in variants:
@@ -316,7 +327,7 @@ def run_qkv_bench(
                 fn = {
                     "cublas_linear": lambda a: F.linear(a["x"], a["w"], a["b"]).view(
                         a["x"].shape[0], 3, heads, head_dim),
-                    "cublas_linear+fused_rope": lambda a: _linear_then_fused(
+                    "cublas_linear+fused_rope": lambda a: linear_then_fused_rope(
                         a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),
                     "compile_max_autotune": lambda a: compiled(
                         a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),

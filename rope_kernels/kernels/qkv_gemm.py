@@ -508,19 +508,20 @@ def _qkv_rope_kernel_persistent(
 class QKVGemmConfig:
     """Launch settings of ``qkv_rope_linear`` (see ``qkv_gemm_config``).
 
-    The defaults are the fastest config measured on an H200 (tools/qkv_probe.py at
-    1a5bc46, data/nvidia-h200/qkv_gemm_configs.csv: 1152 -> 3456, bf16, CUDA graphs):
-    of 12 configs, 128x128x64 tiles, 4 stages, 8 warps, group_m 8, one program per
-    tile was fastest at 87,616 tokens (1521 us) and within 3% of the fastest at
-    43,808 (778 vs 758 us); the persistent kernel was slower there (1578 us at best).
-    Notebook 05_qkv_gemm re-measures ``QKV_CANDIDATE_CONFIGS`` in every GPU run."""
+    The defaults are the fastest config measured on an H200 (notebook 05_qkv_gemm,
+    ``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit 66a589554918: 1152 -> 3 x 16 x 72,
+    bf16, cold, CUDA graphs): of its five candidates, 128x256x64 tiles (16 heads x 8
+    pairs, Kimi's 36 pairs padded to 40), 3 stages, 8 warps, group_m 8, one program
+    per tile was the fastest at each of the 21,904, 43,808 and 87,616 token counts,
+    ahead of the former default (128x128x64, 4 stages). Notebook 05_qkv_gemm re-measures
+    ``QKV_CANDIDATE_CONFIGS`` in every GPU run; ``tools/qkv_sweep.py`` sweeps more."""
 
     block_m: int = 128
-    block_n: int = 128
+    block_n: int = 256
     block_k: int = 64
     heads_per_tile: int = 16  # a tile: heads_per_tile heads x block_n/(2*heads_per_tile) pairs
     group_m: int = 8
-    num_stages: int = 4
+    num_stages: int = 3
     num_warps: int = 8
     persistent: bool = False  # one program per SM striding over the tiles
     epilogue_subtile: bool = False  # rotate and store the tile in two halves of its heads
@@ -564,18 +565,34 @@ class QKVGemmConfig:
 
 
 # Candidates notebook 05_qkv_gemm times beside the default on a GPU (its sweep records
-# every one; the headline rows use the fastest of the same run): the subtiled
-# epilogue; the persistent grid with the grouping that suited it in the probe
-# (qkv_gemm_configs.csv), at 128 and 256 rows (the latter fastest at 43,808 tokens
-# there); and 128x256 tiles, 3 stages (the persistent-matmul tutorial's Hopper
-# choice; for Kimi's 16 x 72 it pads 36 pairs to 40: 11% more MMA work, untried).
-# block_n and heads_per_tile become the layout of least padding at that width.
+# every one; the headline rows use the fastest of the same run), at most six (each
+# costs compiles and time in every GPU run). The default (the measured best) and what
+# might beat it on Kimi's short K (1152 = 18 steps of 64, so the epilogue is a large
+# share of a tile and wants to overlap another tile's mainloop): the persistent grid
+# (the next tile's loads during this epilogue); 4 stages (196 KB of shared memory
+# at sm_90); 128x128 tiles with one warpgroup (98 KB, 166 registers at sm_90: two
+# programs per SM, one's epilogue under the other's mainloop); 256x128 tiles (no pair
+# padding for Kimi); BLOCK_K 128 (9 K steps, 2 stages). block_n and heads_per_tile
+# become the layout of least padding at that width (``with_layout``).
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
+    QKVGemmConfig(persistent=True),
+    QKVGemmConfig(num_stages=4),
+    QKVGemmConfig(block_n=128, num_warps=4),
+    QKVGemmConfig(block_m=256, block_n=128),
+    QKVGemmConfig(block_k=128, num_stages=2),
+)
+
+# What ``tools/qkv_sweep.py`` times on a GPU (about a minute on an H200): the
+# candidates above and their neighbours (subtiled epilogues, stages, warps, tile
+# shapes). Every entry compiles for sm_90 in tests/test_qkv_gemm.py.
+QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
     QKVGemmConfig(epilogue_subtile=True),
-    QKVGemmConfig(group_m=1, persistent=True),
-    QKVGemmConfig(block_m=256, num_stages=3, group_m=1, persistent=True),
-    QKVGemmConfig(block_n=256, num_stages=3),
+    QKVGemmConfig(persistent=True, epilogue_subtile=True),
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4),
+    QKVGemmConfig(block_m=256, block_n=128, num_stages=4),
+    QKVGemmConfig(block_m=64, num_warps=4, num_stages=4),
+    QKVGemmConfig(block_n=128, num_warps=4, persistent=True),
 )
 
 
@@ -606,20 +623,40 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     """A documented heuristic, no autotuning at first call.
 
     NVIDIA GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best) with the
-    N-tile layout of least padding (``tile_layout``), at least 16 bytes of each
-    head per tile (the smallest TMA box). AMD GPUs (``amd``; None: ROCm builds of
-    torch): the same tiles with 2 stages, so the operand buffers fit the 64 KB of
-    LDS of MI300X/MI250 (3 stages need 96 KB: the compile matrix's shared bytes);
-    not measured on an AMD GPU. The CPU interpreter: small tiles (its cost grows
-    with the tile count and size, not with the GEMM's efficiency)."""
+    least-padding layout at their N-tile width (``with_layout``), at least 16 bytes
+    of each head per tile (the smallest TMA box), as long as that pads the weight by
+    at most an eighth more rows than the best 128- or 64-wide layout (Kimi's 16 x 72:
+    a ninth, and the wide tile measured faster); beyond that (few heads, e.g. Kimi at
+    TP 8) the narrower layout with the defaults' other settings. AMD GPUs (``amd``; None: ROCm
+    builds of torch): 128-wide N tiles (layout of least padding at 128 or 64) with
+    2 stages, so the operand buffers fit the 64 KB of LDS of MI300X/MI250 (the
+    NVIDIA tiles need 96 KB at 2 stages: the compile matrix's shared bytes); not
+    measured on an AMD GPU. The CPU interpreter: small tiles (its cost grows with
+    the tile count and size, not with the GEMM's efficiency)."""
     if device.type == "cpu":
         block_n, hpt = tile_layout(heads, head_dim, widths=(64,))
         return QKVGemmConfig(block_m=32, block_n=block_n, block_k=32, heads_per_tile=hpt,
                              group_m=1, num_stages=1, num_warps=4)
-    block_n, hpt = tile_layout(heads, head_dim, min_pairs=max(1, 8 // element_size))
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
-    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, **({"num_stages": 2} if amd else {}))
+    if amd:
+        block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64),
+                                   min_pairs=max(1, 8 // element_size))
+        return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2)
+    min_pairs = max(1, 8 // element_size)
+    wide = with_layout(QKVGemmConfig(), heads, head_dim, element_size)
+    block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64), min_pairs=min_pairs)
+    if 8 * _padded_rows(heads, head_dim, wide.block_n, wide.heads_per_tile) \
+            <= 9 * _padded_rows(heads, head_dim, block_n, hpt):
+        return wide
+    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt)
+
+
+def _padded_rows(heads: int, head_dim: int, block_n: int, heads_per_tile: int) -> int:
+    """Rows of the permuted weight (3 * heads * head_dim plus the zero pad rows)."""
+    pairs_per_tile = block_n // (2 * heads_per_tile)
+    return (triton.cdiv(3 * heads, heads_per_tile) * heads_per_tile * 2
+            * triton.cdiv(head_dim // 2, pairs_per_tile) * pairs_per_tile)
 
 
 def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
