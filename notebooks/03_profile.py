@@ -71,8 +71,8 @@ pd.Series(provenance(kind)).to_frame("this run")
 rows, kernel_tables = [], {}
 for name in names:
     v = VARIANTS[name]
-    if v.unsupported(dt):
-        print(f"{name}: not run in {dtype} ({v.unsupported(dt)})")
+    if why := v.unsupported(dt, head_dim=head_dim):
+        print(f"{name}: not run at head_dim {head_dim} in {dtype} ({why})")
         continue
     if dev.type == "cuda":
         from rope_kernels.bench.profiling import kernel_summary, profile_call

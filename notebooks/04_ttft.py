@@ -91,11 +91,11 @@ model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
 prefill = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_gpus,
                        peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
 from rope_kernels import VARIANTS
-from rope_kernels.variants import peer_status
-absent = {r["name"]: r["reason"] for r in peer_status() if not r["available"]}
-for v in [v for v in variants if v in absent]:
-    print(f"{v}: not run here ({absent[v]})")
-variants = [v for v in variants if v not in absent]
+from rope_kernels.bench.encoder_bench import encoder_not_run
+not_run = encoder_not_run(variants, cfg.head_dim, parse_dtype(dtype))  # absent, or not this head_dim/dtype
+for v, why in not_run.items():
+    print(f"{v}: not run here ({why})")
+variants = [v for v in variants if v not in not_run]
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -153,8 +153,8 @@ def check_variant(
 ) -> CheckResult:
     """Run ``fn(xq, xk, freqs_cis) -> (q, k)`` once and judge it against float64.
 
-    A registry ``Variant`` that does not take these inputs (dtype, layout) is not
-    run: the result says ``supported=False`` and why. Its peer columns are copied.
+    A registry ``Variant`` that does not take these inputs (dtype, layout, head_dim)
+    is not run: the result says ``supported=False`` and why. Its peer columns are copied.
 
     ``inplace`` (default: ``fn.inplace`` if present) says the function writes
     into its inputs; it then gets the packed buffer's views and v must stay
@@ -165,7 +165,8 @@ def check_variant(
     seed = new_seed() if seed is None else int(seed)
     name = name or getattr(fn, "name", getattr(fn, "__name__", "custom"))
     peer = dict(getattr(fn, "peer_columns", {}))
-    unsupported = fn.unsupported(dtype, packed=packed) if hasattr(fn, "unsupported") else ""
+    unsupported = (fn.unsupported(dtype, packed=packed, head_dim=head_dim)
+                   if hasattr(fn, "unsupported") else "")
     if unsupported:  # recorded, not hidden: a row that says why it was not run
         return CheckResult(
             variant=name, tokens=tokens, heads=heads, head_dim=head_dim,

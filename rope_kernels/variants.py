@@ -61,6 +61,8 @@ class Variant:
     packed_fn: PackedFn | None = None  # (qkv, freqs_cis, cos, sin) -> (q, k, v); None: unbind + fn
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     packed_only: bool = False  # needs q/k as the slices of one contiguous (T, 3, H, D) qkv
+    # (head_dim, dtype) -> (rotates it correctly, why not); None: every even head_dim
+    head_dim_rule: Callable[[int, torch.dtype], tuple[bool, str]] | None = None
     triton_kernels: tuple[str, ...] = ()  # names of the Triton kernels it launches
     peer_package: str = ""
     peer_version: str = ""
@@ -81,13 +83,19 @@ class Variant:
     def launch_count(self, dtype: torch.dtype) -> int:
         return self.launches_fp32 if dtype == torch.float32 else self.launches
 
-    def unsupported(self, dtype: torch.dtype, *, packed: bool = True) -> str:
-        """Why this variant cannot take these inputs ("" when it can)."""
+    def unsupported(self, dtype: torch.dtype, *, packed: bool = True,
+                    head_dim: int | None = None) -> str:
+        """Why this variant cannot take these inputs ("" when it can); ``head_dim``
+        (None: not asked) is checked against ``head_dim_rule``."""
         if dtype not in self.dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"{self.name} supports {names} only"
         if self.packed_only and not packed:
             return f"{self.name} needs q/k as slices of a contiguous packed (T, 3, H, D) qkv"
+        if head_dim is not None and self.head_dim_rule is not None:
+            ok, why = self.head_dim_rule(head_dim, dtype)
+            if not ok:
+                return why or f"{self.name} does not support head_dim {head_dim}"
         return ""
 
     @property
@@ -195,7 +203,7 @@ def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
         ("flashinfer", flashinfer.PACKAGE, flashinfer.availability,
          lambda: tree_source(flashinfer), dict(
             fn=flashinfer.flashinfer_rope, launches=1, launches_fp32=1, inplace=True,
-            dtypes=flashinfer.DTYPES,
+            dtypes=flashinfer.DTYPES, head_dim_rule=flashinfer.supported_head_dim,
             description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
                         "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
                         "and positions built once per freqs_cis")),

@@ -28,7 +28,7 @@ CHEAP = [name for name in KNOWN_VARIANTS if name != "compiled"]  # absent ones s
 def test_variant_matches_float64(name, dtype, shape, device, registered):
     tokens, heads, head_dim = shape
     variant = registered(name)
-    if why := variant.unsupported(dtype):
+    if why := variant.unsupported(dtype, head_dim=head_dim):
         pytest.skip(why)  # recorded: check_variant returns supported=False with this reason
     res = check_variant(variant, tokens=tokens, heads=heads, head_dim=head_dim,
                         dtype=dtype, device=device)
@@ -46,7 +46,7 @@ def test_compiled_matches_float64(dtype, device):
 @pytest.mark.parametrize("name", CHEAP)
 def test_contiguous_inputs(name, device, registered):
     variant = registered(name)
-    if why := variant.unsupported(torch.bfloat16, packed=False):
+    if why := variant.unsupported(torch.bfloat16, packed=False, head_dim=8):
         pytest.skip(why)
     res = check_variant(variant, tokens=11, heads=3, head_dim=8,
                         dtype=torch.bfloat16, device=device, packed=False)
@@ -204,7 +204,7 @@ def test_grid_stays_one_dimensional_for_huge_inputs():
 def test_recorded_launch_counts(name, dtype, device, registered):
     inp = make_inputs(8, 2, 8, dtype, device)
     variant = registered(name)
-    if why := variant.unsupported(dtype):
+    if why := variant.unsupported(dtype, head_dim=8):
         pytest.skip(why)
     total, per_kernel = count_launches(variant, inp.xq, inp.xk, inp.freqs_cis)
     assert total == variant.launch_count(dtype), per_kernel

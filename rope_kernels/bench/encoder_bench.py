@@ -156,6 +156,24 @@ def paired_gain_pct(times: dict[str, list[float]], variant: str, against: str) -
     return median_p20_p80([100 * (a - v) / a for v, a in zip(times[variant], times[against])])
 
 
+def encoder_not_run(variants: Sequence[str], head_dim: int, dtype: torch.dtype) -> dict[str, str]:
+    """The encoder RoPE modes among ``variants`` that do not run in this encoder -> why:
+    peers absent on this machine (``peer_status``), encoder-only modes absent
+    (``encoder_only_absent``), and variants that do not take its head_dim or dtype
+    (``Variant.unsupported``, e.g. FlashInfer at Kimi's head_dim 72)."""
+    from rope_kernels.variants import encoder_only_absent, peer_status
+
+    absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
+    absent.update(encoder_only_absent())
+    out = {}
+    for v in variants:
+        if v in absent:
+            out[v] = absent[v]
+        elif v in VARIANTS and (why := VARIANTS[v].unsupported(dtype, head_dim=head_dim)):
+            out[v] = why
+    return out
+
+
 def rope_in_place(rope: str) -> bool:
     """Whether the encoder's RoPE ``rope`` writes into the packed qkv (the registry's
     ``Variant.inplace``); False for ``none`` (no RoPE) and ``gemm_epilogue`` (q and k
@@ -321,5 +339,5 @@ def agrees_with_native(rows) -> "pd.Series":
 
 
 __all__ = ["Bucket", "BucketRounds", "agrees_with_native", "bucket_rounds", "bucket_rows",
-           "encoder_inputs", "forward_peak_mb", "make_bucket", "native_agreement", "paired_stats",
+           "encoder_inputs", "encoder_not_run", "forward_peak_mb", "make_bucket", "native_agreement", "paired_stats",
            "rope_in_place", "rope_minimal_ms", "rope_profile"]

@@ -192,6 +192,16 @@ def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="native_us")
 
 
+def not_run_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
+                  dtypes: Sequence[torch.dtype]) -> list[dict]:
+    """The (variant, shape, dtype) a variant does not take (``Variant.unsupported``:
+    its dtypes, its head_dims), one dict each with the reason: not timed, and said so."""
+    return [{"variant": v.name, "tokens": s.tokens, "heads": s.heads, "head_dim": s.head_dim,
+             "dtype": dtype_name(d), "reason": why}
+            for d in dtypes for s in shapes for v in variants
+            if (why := v.unsupported(d, head_dim=s.head_dim))]
+
+
 def run_microbench(
     variant_names: Sequence[str],
     families: Iterable[dict],
@@ -206,10 +216,17 @@ def run_microbench(
     seed: int = 0,
 ) -> pd.DataFrame:
     """The whole sweep as a tidy table, provenance in every row. Per shape and
-    mode the variants are timed in ``rounds`` rounds of seeded shuffled order."""
+    mode the variants are timed in ``rounds`` rounds of seeded shuffled order.
+    A variant is not timed where it does not take the shape or dtype
+    (``not_run_cases``): printed with the reason, and in ``df.attrs["not_run"]``."""
     variants = [get_variant(n) for n in variant_names]
     shapes = expand_families(families)
     dts = [parse_dtype(d) for d in dtypes]
+    not_run = not_run_cases(variants, shapes, dts)
+    for case in not_run:
+        print(f"{case['variant']} not timed at {case['tokens']}x{case['heads']}x"
+              f"{case['head_dim']} {case['dtype']}: {case['reason']}", flush=True)
+    skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"]) for c in not_run}
     work = [(s, d) for d in dts for s in shapes]
     iterator = work
     if progress:
@@ -218,12 +235,16 @@ def run_microbench(
         iterator = tqdm(work, desc="microbench", unit="shape")
     rows = []
     for shape, dtype in iterator:
-        rows += bench_shape(variants, shape, dtype, modes, device=device,
-                            copy_gbps=copy_gbps, samples=samples, rounds=rounds, seed=seed)
+        here = [v for v in variants if (v.name, shape.tokens, shape.heads, shape.head_dim,
+                                         dtype_name(dtype)) not in skip]
+        if here:
+            rows += bench_shape(here, shape, dtype, modes, device=device,
+                                copy_gbps=copy_gbps, samples=samples, rounds=rounds, seed=seed)
     df = add_speedups(pd.DataFrame(rows))
     prov = provenance()
     for k, v in prov.items():
         df[k] = v
+    df.attrs["not_run"] = not_run
     return df
 
 

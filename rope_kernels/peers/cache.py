@@ -353,10 +353,13 @@ def _tree_valid(tree, root) -> bool:
 
 
 def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only",
-                        inplace: bool = True) -> tuple[bool, str]:
+                        inplace: bool = True, tokens: int = 8, heads: int = 2,
+                        head_dim: int = 72) -> tuple[bool, str]:
     """(runs here, why not) for a CUDA-only peer: its module must import, a CUDA
     device must be there, and a tiny float64 check must pass (``fn`` rotates the
-    packed-qkv views in place, or returns new q/k when ``inplace`` is False)."""
+    packed-qkv views in place, or returns new q/k when ``inplace`` is False) on
+    ``tokens`` x ``heads`` x ``head_dim`` (Kimi's 72 by default; a peer that
+    rotates only some head_dims checks at one of those and refuses the rest per call)."""
     import importlib.util
 
     import torch
@@ -370,12 +373,13 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
     try:
         from rope_kernels.correctness import check_variant
 
-        res = check_variant(fn, tokens=8, heads=2, head_dim=72, device="cuda", inplace=inplace,
-                            name=module)
+        res = check_variant(fn, tokens=tokens, heads=heads, head_dim=head_dim, device="cuda",
+                            inplace=inplace, name=module)
     except Exception as exc:  # noqa: BLE001 - any failure means "does not run here"
         return False, f"{package} failed on this device: {type(exc).__name__}: {exc}"
     if not res.passed:
-        return False, f"{package} ran but disagreed with float64 (max error {res.max_abs_err:.3g})"
+        return False, (f"{package} ran but disagreed with float64 at {tokens} x {heads} x "
+                       f"{head_dim} (max error {res.max_abs_err:.3g})")
     return True, ""
 
 

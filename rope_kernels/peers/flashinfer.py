@@ -16,6 +16,23 @@ wheel's ``data/csrc/rope.cu`` with the CUDA compiler through apache-tvm-ffi at f
 use; of the vendored headers only the part of CCCL's libcudacxx the build reads is carried (fastdiv.cuh needs its
 ``cuda::fast_mod_div``, which CUDA 13.0's own CCCL lacks), not CUTLASS or spdlog. Needs CUDA, the CUDA
 compiler, ninja, apache-tvm-ffi and nvidia-ml-py (flashinfer/utils.py imports it).
+
+FlashInfer 0.7.4 rotates only some head_dims correctly (``supported_head_dim``): the
+wrapper refuses the others, Kimi's 72 among them, before anything is loaded or
+launched. In ``data/include/flashinfer/pos_enc.cuh``,
+``BatchQKApplyRotaryPosIdsCosSinCache`` takes its own kernel only for
+``head_dim == 64 || 128 || 256 || 512``; every other head_dim goes to
+``RopeQuantize`` -> ``RopeQuantizeKernel``, launched with ``vec_size = 32 /
+sizeof(DType)`` elements per thread and ``bdx = ceil(rope_dim / vec_size)`` threads
+per head. Each thread rotates and ``cast_store``s a whole vector at ``tx * vec_size``;
+``vec_apply_llama_rope_cos_sin_interleave_reuse_half`` tests only where the vector
+starts (``threadIdx.x * vec_size < rotary_dim``), and the partial-chunk guard
+(``scale_store_partial_chunk``, the "HACK (raayandhar)" comment) covers the no-rope
+part only. So where ``rope_dim % vec_size != 0`` the last thread of a head writes
+``vec_size - rope_dim % vec_size`` elements past it, into the next head (or the next
+tensor), racing that head's own block. Here rope_dim is head_dim (the cache spans
+freqs_cis's head_dim / 2 angles, cos then sin): at head_dim 72 in bf16/fp16 (16
+elements a vector) 8 elements past every head are overwritten.
 """
 
 from __future__ import annotations
@@ -38,6 +55,43 @@ TREE = TREES["flashinfer_rope"]
 PINNED_VERSION = TREE.version
 ENTRY_FILE = "flashinfer/rope.py"
 DTYPES = (torch.bfloat16, torch.float16)  # rope.cu dispatches q/k on fp16 and bf16 only
+# pos_enc.cuh, BatchQKApplyRotaryPosIdsCosSinCache: the head_dims with a kernel of their own
+FAST_PATH_HEAD_DIMS = (64, 128, 256, 512)
+# pos_enc.cuh, RopeQuantize: vec_size = 32 / sizeof(DType) elements per thread, no tail guard
+ROPE_QUANTIZE_VECTOR_BYTES = 32
+AVAILABILITY_HEAD_DIM = 128  # the availability check's head_dim: one FlashInfer rotates
+_RULE_SOURCE = ("flashinfer/data/include/flashinfer/pos_enc.cuh: "
+                "BatchQKApplyRotaryPosIdsCosSinCache -> RopeQuantizeKernel")
+
+
+def supported_head_dim(head_dim: int, dtype: torch.dtype) -> tuple[bool, str]:
+    """(FlashInfer 0.7.4 rotates q/k of this head_dim and dtype correctly, why not).
+
+    Pure: loads nothing. With the cache this wrapper builds (rotary_dim = head_dim),
+    a head_dim is rotated correctly on the fast path (``FAST_PATH_HEAD_DIMS``) or
+    when ``RopeQuantizeKernel``'s whole vectors tile it (a multiple of
+    ``32 / element_size`` elements); otherwise its last vector of every head is
+    stored past the head (module docstring)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise TypeError(f"head_dim must be an int, got {head_dim!r}")
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int, got {head_dim}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    name = str(dtype).removeprefix("torch.")
+    if dtype not in DTYPES:
+        return False, (f"flashinfer supports bfloat16 and float16 only (its rope kernel "
+                       f"dispatches on those), got {name}")
+    if head_dim in FAST_PATH_HEAD_DIMS:
+        return True, ""
+    vec = ROPE_QUANTIZE_VECTOR_BYTES // dtype.itemsize
+    if head_dim % vec == 0:
+        return True, ""
+    return False, (f"flashinfer {PINNED_VERSION} cannot rotate head_dim {head_dim} in {name}: "
+                   f"{_RULE_SOURCE} stores whole {vec}-element vectors with no tail guard, so "
+                   f"{vec - head_dim % vec} elements past every head are overwritten (needs "
+                   f"head_dim in {{{', '.join(map(str, FAST_PATH_HEAD_DIMS))}}} or a multiple "
+                   f"of {vec})")
 
 
 @functools.cache
@@ -76,13 +130,17 @@ def _cos_sin_cache(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
                     freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate xq and xk in place with FlashInfer; returns them."""
+    """Rotate xq and xk in place with FlashInfer; returns them. Refuses a head_dim
+    FlashInfer rotates wrongly (``supported_head_dim``) before loading anything."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     check_writable_in_place(xq, xk)
     if xq.dtype not in DTYPES:
         raise TypeError(f"flashinfer supports bfloat16 and float16 only (its rope kernel "
                         f"dispatches on those), got {xq.dtype}")
+    ok, why = supported_head_dim(xq.shape[-1], xq.dtype)
+    if not ok:
+        raise ValueError(why)
     cache, positions = prepared_per_freqs(freqs_cis, "flashinfer", _cos_sin_cache)
     source()[3].apply_rope_with_cos_sin_cache_inplace(positions, xq, xk, xq.shape[-1], cache,
                                                       is_neox=False)
@@ -92,11 +150,13 @@ def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
 @functools.cache
 def availability() -> tuple[bool, str]:
     """(runs here, why not): FlashInfer's files, a CUDA device, and a tiny call that
-    builds the kernel and matches float64."""
+    builds the kernel and matches float64, at a head_dim it rotates
+    (``AVAILABILITY_HEAD_DIM``; the others are refused per shape, with why)."""
     try:
         source()
     except Exception as exc:  # noqa: BLE001 - absent, with the reason
         return False, (f"flashinfer {PINNED_VERSION} rope cannot load: "
                        f"{type(exc).__name__}: {exc}")
     return installed_cuda_peer("flashinfer", PACKAGE, PINNED_VERSION, flashinfer_rope,
-                               why="CUDA only, JIT through tvm-ffi")
+                               why="CUDA only, JIT through tvm-ffi",
+                               head_dim=AVAILABILITY_HEAD_DIM)
