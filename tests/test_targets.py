@@ -111,6 +111,23 @@ def test_missing_rows_are_not_measured_shape_by_shape():
     assert set(summarize(v).verdict) == {"not measured"}
 
 
+def test_a_peer_without_rows_says_why_where_its_correctness_rows_do():
+    """FlashInfer 0.7.4 refuses head_dim 72: its Kimi verdicts carry the reason the
+    correctness rows give; a peer with no reason anywhere says only that no row exists."""
+    why = "flashinfer 0.7.4 cannot rotate head_dim 72 correctly (pos_enc.cuh overrun)"
+    correctness = pd.DataFrame([{"variant": "flashinfer", "tokens": 4099, "heads": 16,
+                                 "head_dim": 72, "supported": False, "reason": why},
+                                {"variant": "flashinfer", "tokens": 256, "heads": 3,
+                                 "head_dim": 128, "supported": True, "reason": ""}])
+    tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0}, in_place=PLACE),
+              "correctness": correctness}
+    v = verdicts_of("kimi_1.05x_flashinfer", tables)
+    assert set(v.verdict) == {"not measured"}
+    assert all(d.endswith(why) and d.startswith("no flashinfer row") for d in v.detail)
+    v = verdicts_of("kimi_1.05x_flashinfer", {"microbench": tables["microbench"]})
+    assert set(v.detail) == {"no flashinfer row"}
+
+
 def test_warm_rows_do_not_answer_cold_targets():
     tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_packed_qk": 100.0},
                                   mode="cudagraph_warm", in_place=PLACE)}

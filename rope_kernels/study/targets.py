@@ -182,7 +182,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PR_TABLE_CSV = REPO_ROOT / "data" / "reference" / "pr50400_table.csv"
 # Each table the targets read, by the file names it has had (newest first).
 TABLE_FILES = {"microbench": ("microbench.csv",), "encoder": ("encoder_latency.csv", "ttft.csv"),
-               "qkv_gemm": ("qkv_gemm.csv",)}
+               "qkv_gemm": ("qkv_gemm.csv",),
+               # not judged: read for why a peer has no timed rows (refused or absent)
+               "correctness": ("correctness.csv",)}
 
 
 def table_file(device_dir: Path, table: str) -> Path | None:
@@ -197,7 +199,8 @@ def result_folders(data_root: Path) -> list[Path]:
     """Device folders under ``data_root`` that hold result rows (reference data and
     the compile matrix excluded)."""
     return sorted(p for p in Path(data_root).iterdir() if p.is_dir()
-                  and any(table_file(p, t) for t in TABLE_FILES)) if Path(data_root).is_dir() else []
+                  and any(table_file(p, t) for t in TABLE_FILES if t != "correctness"))\
+        if Path(data_root).is_dir() else []
 
 
 def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[str, pd.DataFrame]:
@@ -313,6 +316,17 @@ def _kernel_rows(tables: dict, mode: str) -> pd.DataFrame:
     return m[m["dtype"] == "bfloat16"] if "dtype" in m.columns else m
 
 
+def _why_absent(tables: dict, variant: str, shape: tuple) -> str:
+    """": <reason>" where the correctness rows say why ``variant`` did not run at
+    that head_dim (refused there, or absent on the device), else ""."""
+    c = tables.get("correctness", pd.DataFrame())
+    if c.empty or not {"variant", "head_dim", "reason"} <= set(c.columns):
+        return ""
+    hit = c[(c["variant"] == variant) & (c["head_dim"] == shape[-1])]["reason"].dropna()
+    hit = hit[hit.astype(str).str.strip() != ""]
+    return f": {hit.iloc[0]}" if len(hit) else ""
+
+
 def _time_ratio(target: Target, tables: dict) -> list[dict]:
     out = []
     for mode in target.modes:
@@ -324,7 +338,8 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
             peer_t = times.get((target.against, *shape))
             if peer_t is None:
                 out.append(_verdict_row(target, mode, text, "", float("nan"), "not measured",
-                                        f"no {target.against} row"))
+                                        f"no {target.against} row"
+                                        + _why_absent(tables, target.against, shape)))
                 continue
             if peer_inplace is None:
                 out.append(_verdict_row(target, mode, text, "", float("nan"), "not measured",
