@@ -86,6 +86,8 @@ KERNEL_PATHS = {
     "subtile": dict(epilogue_subtile=True),
     "persistent+subtile+pointers": dict(persistent=True, epilogue_subtile=True, use_tma=False),
     "persistent+tma": dict(persistent=True, use_tma=True),
+    # the warp-specialized kernel: even/odd members in two accumulators, pointer stores
+    "persistent+ws": dict(persistent=True, warp_specialize=True, num_warps=4),
 }
 
 
@@ -109,13 +111,17 @@ def test_every_kernel_path_matches_float64(path, angles, device):
     assert err <= tol, (path, err, tol)
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["per_tile", "persistent"])
-def test_rotation_compiled_out_is_the_plain_projection(persistent, device):
+KERNELS = {"per_tile": {}, "persistent": dict(persistent=True),
+           "ws": dict(persistent=True, warp_specialize=True, num_warps=4)}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_rotation_compiled_out_is_the_plain_projection(kernel, device):
     """The benchmarks' entry: the same kernel without rotation = x @ W^T + b, q/k unrotated."""
     x, w, b, freqs_cis = make_problem(device)
     cos, sin = cos_sin_views(freqs_cis)
     config = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
-                              "persistent": persistent})
+                              **KERNELS[kernel]})
     out = qkv_linear_rotation_compiled_out(x, w, b, cos, sin, config=config)
     ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
     lin_err = (F.linear(x, w, b).double().view_as(ref) - ref).abs().max().item()
@@ -134,6 +140,20 @@ def test_config_labels_and_subtile_needs_two_heads():
         QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
     with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
         QKVGemmConfig(epilogue_subtile=1)
+    ws = QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True)
+    assert ws.label == "128x128x64x16/3/4/8/persistent/ws"
+    assert ws.kernel_name == "_qkv_rope_kernel_ws"
+    assert QKVGemmConfig(persistent=True).kernel_name == "_qkv_rope_kernel_persistent"
+    assert QKVGemmConfig().kernel_name == "_qkv_rope_kernel"
+    # the warp-specialized kernel is persistent, 4 warps (its warp groups), TMA, one epilogue
+    for bad, needs in ((dict(persistent=False), "persistent=True"),
+                       (dict(num_warps=8), "num_warps=4"),
+                       (dict(use_tma=False), "use_tma None or True"),
+                       (dict(epilogue_subtile=True), "epilogue_subtile=False")):
+        with pytest.raises(ValueError, match=f"warp_specialize .* needs {needs}"):
+            QKVGemmConfig(**{**ws.__dict__, **bad})
+    with pytest.raises(TypeError, match="warp_specialize must be a bool"):
+        QKVGemmConfig(**{**ws.__dict__, "warp_specialize": 1})
     # the candidates notebook 05_qkv_gemm sweeps take each shape's layout
     from rope_kernels.kernels.qkv_gemm import QKV_CANDIDATE_CONFIGS, with_layout
 
@@ -626,3 +646,8 @@ def test_sweep_configs_compile_for_sm90(tmp_path):
     assert (table["target"] == "sm_90").all() and table["compiled"].all()
     too_big = table[(table["shared_bytes"] > SM90_MAX_SHARED_BYTES) | table["spills"]]
     assert too_big.empty, too_big[["kernel", "registers", "spill_bytes", "shared_bytes"]]
+    # warp specialization really happened (Triton drops it silently where it cannot):
+    # a producer warp group beside the two consumer groups of the config's 4 warps
+    warps = dict(zip(table["kernel"], table["num_warps"]))
+    for c in QKV_SWEEP_CONFIGS:
+        assert warps[f"qkv_gemm {c.label}"] == c.num_warps * (3 if c.warp_specialize else 1), c

@@ -1,8 +1,11 @@
-"""GPU exploration of the QKV GEMM's configs (about a minute on an H200).
+"""GPU exploration of the QKV GEMM's configs (estimated 1-2 min on an H200, mostly compiling).
 
-    python tools/qkv_sweep.py            # 21,904 / 43,808 / 87,616 tokens
-    python tools/qkv_sweep.py --quick    # 87,616 tokens only
+    python tools/qkv_sweep.py            # QKV_SWEEP_CONFIGS at 21,904 / 43,808 / 87,616 tokens
+    python tools/qkv_sweep.py --quick    # QKV_CANDIDATE_CONFIGS (notebook 05's) at 87,616 only
     python tools/qkv_sweep.py --configs 0,2,5   # a subset of QKV_SWEEP_CONFIGS by index
+
+Compiling dominates (two kernels per config, a few seconds each; the token count
+is not specialized on, so more token counts cost little).
 
 Kimi's projection (1152 -> 3 x 16 x 72, bf16), cold L2, CUDA graphs, timed by the
 project's own ``qkv_bench.measure_variant`` (``timing.time_fn``): cuBLAS
@@ -31,7 +34,8 @@ HIDDEN, HEADS, HEAD_DIM = 1152, 16, 72
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=f"only {QUICK_TOKENS} tokens")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only QKV_CANDIDATE_CONFIGS, only {QUICK_TOKENS} tokens")
     p.add_argument("--tokens", type=int, nargs="+", help="token counts (overrides --quick)")
     p.add_argument("--configs", help="comma-separated indices into QKV_SWEEP_CONFIGS")
     p.add_argument("--samples", type=int, default=10, help="timed CUDA-graph replays per row")
@@ -62,11 +66,13 @@ BASELINES = ("cublas_linear", "cublas_linear+fused_rope")
 
 
 def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEADS,
-              head_dim: int = HEAD_DIM, samples: int = 10, mode: str = "cudagraph", log=print):
+              head_dim: int = HEAD_DIM, samples: int = 10, mode: str = "cudagraph", log=print,
+              on_row=None):
     """One row per (tokens, variant, config): the baselines, then each config with the
     rotation and with it compiled out, each checked against float64 once and timed
     (``qkv_bench.measure_variant``). A failing or wrong config is logged in one line
-    and kept as a row (``note`` / ``matches_float64``); the sweep goes on."""
+    and kept as a row (``note`` / ``matches_float64``); the sweep goes on.
+    ``on_row(row)`` sees each row as it is measured (progress, partial results)."""
     import pandas as pd
     import torch
 
@@ -101,6 +107,8 @@ def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEA
                 "max_abs_err": checked.get("max_abs_err", float("nan")),
                 "error_tolerance": checked.get("error_tolerance", float("nan")),
                 "seconds": spent, "note": note})
+            if on_row is not None:
+                on_row(rows[-1])
             if timing is None:
                 log(f"T={t} {name} {label}: {note}")
             elif not checked["matches_float64"]:
@@ -138,13 +146,15 @@ def main(argv=None) -> int:
     import torch
 
     from rope_kernels.atomic_io import write_atomic
-    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS, with_layout
+    from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS,
+                                               with_layout)
 
     if not torch.cuda.is_available():
         print("qkv_sweep: needs a CUDA GPU", file=sys.stderr)
         return 2
     try:
-        configs = pick_configs(args.configs, QKV_SWEEP_CONFIGS)
+        configs = pick_configs(args.configs, QKV_CANDIDATE_CONFIGS if args.quick and
+                               not args.configs else QKV_SWEEP_CONFIGS)
     except ValueError as e:
         print(f"qkv_sweep: {e}", file=sys.stderr)
         return 2
@@ -153,8 +163,14 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}; {len(configs)} configs x 2 kernels x "
           f"{len(tokens)} token counts; samples={args.samples}", flush=True)
     start = time.perf_counter()
+
+    def progress(row):
+        print(f"  T={row['tokens']:6d} {row['variant']:30s} {row['config']:36s} "
+              f"{row['median_us']:8.1f} us  x{row['ratio_to_cublas']:.3f} cuBLAS  "
+              f"({row['seconds']:.0f} s)", flush=True)
+
     df = run_sweep(tokens, configs, device=torch.device("cuda"), samples=args.samples,
-                   log=lambda line: print(line, flush=True))
+                   log=lambda line: print(line, flush=True), on_row=progress)
     pd.set_option("display.width", 250)
     print("\n" + format_tables(df))
     print(f"\nsweep took {time.perf_counter() - start:.0f} s", flush=True)

@@ -156,7 +156,7 @@ def qkv_config_entries(configs) -> tuple[KernelEntry, ...]:
     named ``qkv_gemm <label>``: ``qkv_sweep_entries`` compiles what
     ``tools/qkv_sweep.py`` times (``write_compile_matrix(entries=..., targets=["sm_90"])``)."""
     return tuple(KernelEntry(f"qkv_gemm {c.label}", "rope_kernels.kernels.qkv_gemm",
-                             "_qkv_rope_kernel_persistent" if c.persistent else "_qkv_rope_kernel",
+                             c.kernel_name,
                              _qkv_config_launch(c), dtypes=("bfloat16",),
                              heads_by_head_dim=QKV_GEMM_SHAPES) for c in configs)
 

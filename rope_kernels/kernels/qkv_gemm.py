@@ -41,6 +41,13 @@ The file is in named pieces, like Triton's persistent-matmul tutorial:
    ``_qkv_rope_kernel_persistent`` (one program per SM, tiles strided over
    them, the tile loop flattened with the K loop so the pipeliner fetches the
    next tile's operands during the epilogue). Both call ``_qkv_tile``.
+   ``_qkv_rope_kernel_ws`` (``warp_specialize``): persistent, its tile loop
+   warp-specialized by Triton (on Hopper a TMA producer warp group and two
+   MMA + epilogue consumer groups splitting the tile's rows). That split takes
+   no reshape or join of the accumulator, so this kernel keeps a tile's even
+   and odd pair members in two accumulators (``_mainloop_pair_halves``),
+   rotates them elementwise and stores them through pointers
+   (``_pair_epilogue``).
 6. **Launch settings** (``QKVGemmConfig``; its defaults are the measured best)
    and **launchers** (``qkv_rope_linear``, ``qkv_rope_linear_angles``,
    ``rotating_qkv_projection``; ``qkv_linear_rotation_compiled_out`` is for
@@ -500,6 +507,116 @@ def _qkv_rope_kernel_persistent(
 
 
 # --------------------------------------------------------------------------
+# 5b. Warp-specialized kernel: pair halves in two accumulators
+# --------------------------------------------------------------------------
+# Triton 3.6's Hopper warp specialization (tl.range(..., warp_specialize=True)) turns
+# a 4-warp program into a TMA producer warp group and two MMA + epilogue consumer
+# warp groups that split the tile's rows between them; on sm_90 it splits every
+# epilogue op along the rows, and it takes no reshape, permute, split or join of the
+# accumulator (the compiler aborts), nor a host-made output descriptor whose box
+# spans both groups' rows. So here the tile's even and odd pair members are two
+# accumulators from the start (the permuted W already holds them as its tile's two
+# row halves), the rotation is elementwise with cos/sin gathered per column, and the
+# members are stored through pointers at their interleaved columns.
+
+
+@triton.jit
+def _mainloop_pair_halves(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 (even, odd), each (BLOCK_M, BLOCK_N/2): the x tile times the tile's first
+    (even members) and second (odd members) half of permuted W rows, over HIDDEN."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    acc0 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
+        a = _load_x(x, m0, ki * BLOCK_K, n_tokens, x_stride_t, HIDDEN, BLOCK_M, BLOCK_K, USE_TMA)
+        b0 = _load_w(w, n0, ki * BLOCK_K, w_stride_n, HIDDEN, HALF, BLOCK_K, USE_TMA)
+        b1 = _load_w(w, n0 + HALF, ki * BLOCK_K, w_stride_n, HIDDEN, HALF, BLOCK_K, USE_TMA)
+        acc0 = _dot(a, b0, acc0, INTERPRETED)
+        acc1 = _dot(a, b1, acc1, INTERPRETED)
+    return acc0, acc1
+
+
+@triton.jit
+def _pair_epilogue(acc0, acc1, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0,
+                   pid_n, n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
+                   sin_stride_t, sin_stride_d, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
+                   ANGLES: tl.constexpr):
+    """Bias, q/k rotation and store of a tile held as (even, odd) member halves:
+    column j of each half is pair ``j % PAIRS`` of head ``j // PAIRS`` of the tile."""
+    PAIRS: tl.constexpr = BLOCK_N // (2 * HEADS_PER_TILE)
+    HALF: tl.constexpr = BLOCK_N // 2
+    cols = tl.arange(0, HALF)
+    if HAS_BIAS:
+        acc0 += tl.load(bias_ptr + n0 + cols)[None, :]
+        acc1 += tl.load(bias_ptr + n0 + HALF + cols)[None, :]
+    heads = (pid_n // PAIR_BLOCKS) * HEADS_PER_TILE + cols // PAIRS
+    pairs = (pid_n % PAIR_BLOCKS) * PAIRS + cols % PAIRS
+    tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+    token_ok = tokens < n_tokens
+    pair_ok = pairs < HEAD_DIM // 2
+    if ROTATE:
+        c, s = _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr,
+                        freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                        ANGLES)
+        on = (heads < 2 * HEADS)[None, :]  # q and k heads; v passes through
+        y0 = tl.where(on, acc0 * c - acc1 * s, acc0)
+        y1 = tl.where(on, acc0 * s + acc1 * c, acc1)
+    else:
+        y0 = acc0
+        y1 = acc1
+    ptrs = (out + tokens[:, None] * out_stride_t + heads[None, :] * out_stride_h
+            + 2 * pairs[None, :])
+    mask = token_ok[:, None] & ((heads < 3 * HEADS) & pair_ok)[None, :]
+    tl.store(ptrs, y0.to(out.dtype.element_ty), mask=mask)
+    tl.store(ptrs + 1, y1.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "num_programs"])
+def _qkv_rope_kernel_ws(
+    x, w, out,  # x, W: TMA descriptors (W's box: half a tile); out: a pointer
+    bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+    n_tokens, num_programs,
+    x_stride_t, w_stride_n, out_stride_t, out_stride_h,
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    HIDDEN: tl.constexpr,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    PAIR_BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROTATE: tl.constexpr,
+    ANGLES: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """Persistent (``num_programs`` programs stride over the tiles), the tile loop
+    warp-specialized: a producer warp group issues the next tiles' TMA loads while the
+    consumer warp groups multiply and run the epilogue."""
+    num_tiles = tl.cdiv(n_tokens, BLOCK_M) * (HEAD_BLOCKS * PAIR_BLOCKS)
+    for tile_id in tl.range(tl.program_id(0), num_tiles, num_programs, warp_specialize=True):
+        pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M),
+                                    HEAD_BLOCKS * PAIR_BLOCKS, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        acc0, acc1 = _mainloop_pair_halves(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n,
+                                           HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
+                                           INTERPRETED)
+        _pair_epilogue(acc0, acc1, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                       n0, pid_n, n_tokens, out_stride_t, out_stride_h, cos_stride_t,
+                       cos_stride_d, sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS,
+                       BLOCK_M, BLOCK_N, HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES)
+
+
+# --------------------------------------------------------------------------
 # 6. Launch settings
 # --------------------------------------------------------------------------
 
@@ -526,6 +643,10 @@ class QKVGemmConfig:
     persistent: bool = False  # one program per SM striding over the tiles
     epilogue_subtile: bool = False  # rotate and store the tile in two halves of its heads
     use_tma: bool | None = None  # None: TMA where the GPU and the strides allow it
+    # ``_qkv_rope_kernel_ws``: persistent, tile loop warp-specialized (Hopper: 4 warps
+    # become a producer and two consumer warp groups), even/odd members in two
+    # accumulators; needs persistent=True, num_warps=4, TMA, no epilogue_subtile
+    warp_specialize: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -538,7 +659,7 @@ class QKVGemmConfig:
                 or self.num_stages < 1:
             raise ValueError(f"QKVGemmConfig.num_stages must be a positive int, "
                              f"got {self.num_stages!r}")
-        for name in ("persistent", "epilogue_subtile"):
+        for name in ("persistent", "epilogue_subtile", "warp_specialize"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QKVGemmConfig.{name} must be a bool, "
                                 f"got {type(getattr(self, name)).__name__}")
@@ -547,16 +668,32 @@ class QKVGemmConfig:
                              "it needs heads_per_tile >= 2")
         if self.use_tma is not None and not isinstance(self.use_tma, bool):
             raise TypeError("QKVGemmConfig.use_tma must be a bool or None")
+        if self.warp_specialize:
+            why = [w for w, bad in (("persistent=True", not self.persistent),
+                                    ("num_warps=4", self.num_warps != 4),
+                                    ("use_tma None or True", self.use_tma is False),
+                                    ("epilogue_subtile=False", self.epilogue_subtile)) if bad]
+            if why:
+                raise ValueError("QKVGemmConfig.warp_specialize (the warp-specialized persistent "
+                                 f"kernel) needs {', '.join(why)}")
 
     @property
     def pairs_per_tile(self) -> int:
         return self.block_n // (2 * self.heads_per_tile)
 
     @property
+    def kernel_name(self) -> str:
+        """The name of the Triton kernel this config launches (in this module)."""
+        if self.warp_specialize:
+            return "_qkv_rope_kernel_ws"
+        return "_qkv_rope_kernel_persistent" if self.persistent else "_qkv_rope_kernel"
+
+    @property
     def label(self) -> str:
-        """``BMxBNxBKxHPT/stages/warps/group_m`` plus ``/persistent``, ``/subtile``,
-        ``/tma`` or ``/pointers``: how result rows name a config."""
+        """``BMxBNxBKxHPT/stages/warps/group_m`` plus ``/persistent``, ``/ws``,
+        ``/subtile``, ``/tma`` or ``/pointers``: how result rows name a config."""
         flags = [f for f, on in (("persistent", self.persistent),
+                                 ("ws", self.warp_specialize),
                                  ("subtile", self.epilogue_subtile),
                                  ("tma", self.use_tma is True),
                                  ("pointers", self.use_tma is False)) if on]
@@ -569,30 +706,36 @@ class QKVGemmConfig:
 # costs compiles and time in every GPU run). The default (the measured best) and what
 # might beat it on Kimi's short K (1152 = 18 steps of 64, so the epilogue is a large
 # share of a tile and wants to overlap another tile's mainloop): the persistent grid
-# (the next tile's loads during this epilogue); 4 stages (196 KB of shared memory
-# at sm_90); 128x128 tiles with one warpgroup (98 KB, 166 registers at sm_90: two
+# (the next tile's loads during this epilogue); 4 stages (196 KB of shared memory at
+# sm_90); 128x128 tiles with one warp group (98 KB, 166 registers at sm_90: two
 # programs per SM, one's epilogue under the other's mainloop); 256x128 tiles (no pair
-# padding for Kimi); BLOCK_K 128 (9 K steps, 2 stages). block_n and heads_per_tile
-# become the layout of least padding at that width (``with_layout``).
+# padding for Kimi); the warp-specialized kernel at 128x128 (a TMA producer warp group
+# and two consumer warp groups; at 128x256 its epilogue spills at sm_90). block_n and
+# heads_per_tile become the layout of least padding at that width (``with_layout``).
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
     QKVGemmConfig(persistent=True),
     QKVGemmConfig(num_stages=4),
     QKVGemmConfig(block_n=128, num_warps=4),
     QKVGemmConfig(block_m=256, block_n=128),
-    QKVGemmConfig(block_k=128, num_stages=2),
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4, persistent=True, warp_specialize=True),
 )
 
-# What ``tools/qkv_sweep.py`` times on a GPU (about a minute on an H200): the
-# candidates above and their neighbours (subtiled epilogues, stages, warps, tile
-# shapes). Every entry compiles for sm_90 in tests/test_qkv_gemm.py.
+# What ``tools/qkv_sweep.py`` times on a GPU: the candidates above and their
+# neighbours (subtiled epilogues, BLOCK_K 128, stages, one warp group at 64x256 and
+# 128x128 with 2 stages: two or three programs per SM). Every entry compiles for
+# sm_90 without spills in tests/test_qkv_gemm.py.
 QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
     QKVGemmConfig(epilogue_subtile=True),
     QKVGemmConfig(persistent=True, epilogue_subtile=True),
+    QKVGemmConfig(block_k=128, num_stages=2),
     QKVGemmConfig(block_n=128, num_warps=4, num_stages=4),
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=2),
+    QKVGemmConfig(block_m=64, num_warps=4, num_stages=2),
     QKVGemmConfig(block_m=256, block_n=128, num_stages=4),
-    QKVGemmConfig(block_m=64, num_warps=4, num_stages=4),
-    QKVGemmConfig(block_n=128, num_warps=4, persistent=True),
+    QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True),
+    QKVGemmConfig(block_n=128, block_k=128, num_stages=2, num_warps=4, persistent=True,
+                  warp_specialize=True),
 )
 
 
@@ -849,7 +992,8 @@ def _check_out(out, shape, x, inputs: dict) -> None:
 
 def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin, coords, freqs,
             rotate: bool):
-    """Checks, layout and launch of one of the two kernels (``config.persistent``)."""
+    """Checks, layout and launch of one of the three kernels (``config.persistent``,
+    ``config.warp_specialize``)."""
     tokens, hidden = x.shape
     if config is None:
         config = qkv_gemm_config(heads, head_dim, x.device, x.element_size())
@@ -887,7 +1031,14 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
 
     out_heads = out.view(tokens, 3 * heads, head_dim)
     use_tma = config.use_tma
-    if use_tma is None:
+    if config.warp_specialize:
+        # x and W through TMA, the output through pointers (see _qkv_rope_kernel_ws);
+        # use_tma=True: the caller vouches for the device (the compile matrix's meta tensors)
+        if use_tma is None and not (tma_supported(x.device) and _tma_aligned(x, permuted.weight)):
+            raise ValueError("config.warp_specialize needs TMA loads: an NVIDIA GPU of compute "
+                             "capability 9.0+ (or the interpreter) and 16-byte aligned x and W")
+        use_tma = True
+    elif use_tma is None:
         use_tma = (tma_supported(x.device) and _tma_aligned(x, permuted.weight, out_heads)
                    and 2 * config.pairs_per_tile * x.element_size() >= 16)
     store_heads = config.heads_per_tile // (2 if config.epilogue_subtile else 1)
@@ -895,10 +1046,11 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bk = config.block_m, config.block_k
+        w_rows = config.block_n // (2 if config.warp_specialize else 1)
         x_arg = TensorDescriptor.from_tensor(x, [bm, bk])
-        w_arg = TensorDescriptor.from_tensor(permuted.weight, [config.block_n, bk])
-        out_arg = TensorDescriptor.from_tensor(out_heads,
-                                               [bm, store_heads, 2 * config.pairs_per_tile])
+        w_arg = TensorDescriptor.from_tensor(permuted.weight, [w_rows, bk])
+        out_arg = (out_heads if config.warp_specialize else TensorDescriptor.from_tensor(
+            out_heads, [bm, store_heads, 2 * config.pairs_per_tile]))
     else:
         x_arg, w_arg, out_arg = x, permuted.weight, out_heads
 
@@ -920,7 +1072,11 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 ANGLES=angles, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
                 INTERPRETED=triton_interpreter_enabled(),
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.persistent:
+    if config.warp_specialize:
+        del meta["EPILOGUE_SUBTILE"]
+        programs = min(num_tiles, _num_sms(x.device))
+        _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
+    elif config.persistent:
         programs = min(num_tiles, _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
     else:
