@@ -452,6 +452,30 @@ def test_bad_angles_inputs_and_settings():
                         config=QKVGemmConfig(block_n=32, heads_per_tile=4), permuted=permuted)
 
 
+def test_warp_specialized_kernel_refuses_what_tma_cannot_load(monkeypatch, device):
+    """The warp-specialized kernel loads x and W only through TMA: a misaligned x, or a
+    device without TMA, is a one-line ValueError, not a silent switch of kernel."""
+    from rope_kernels.kernels import qkv_gemm
+
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    x, w, b, freqs_cis = make_problem(device, seed=0)
+    cos, sin = cos_sin_views(freqs_cis)
+    ws = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
+                          "num_warps": 4, "persistent": True, "warp_specialize": True})
+    wide = torch.zeros(TOKENS, HIDDEN + 8, dtype=x.dtype, device=device)
+    wide[:, 1:HIDDEN + 1] = x
+    misaligned = wide[:, 1:HIDDEN + 1]  # 2 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="warp_specialize needs TMA loads"):
+        qkv_rope_linear(misaligned, w, b, cos, sin, config=ws)
+    out = qkv_rope_linear(misaligned.contiguous(), w, b, cos, sin, config=ws)
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+    monkeypatch.setattr(qkv_gemm, "tma_supported", lambda device: False)
+    with pytest.raises(ValueError, match="warp_specialize needs TMA loads"):
+        qkv_rope_linear(x, w, b, cos, sin, config=ws)
+
+
 def test_qkv_bench_rows_sweep_correctness_and_roofline():
     """The benchmark's two tables on a tiny CPU problem (wall clock): every variant
     a row (QuACK absent with its reason), swept variants at their best config,
