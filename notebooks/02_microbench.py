@@ -185,10 +185,15 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # ## Block sizes: the evidence behind the launch heuristic
 #
 # With `config_sweep=True` the fused kernel is timed under each candidate (tokens per program,
-# heads per program, warps); `is_default` marks the heuristic's pick. Beside them, on the
-# default's tile, two launch strategies (`strategy`, `rope_kernels/kernels/fused_candidates.py`):
-# a persistent grid (`programs_per_sm`) and angles computed in-kernel from each token's (row,
-# column) instead of a cos/sin read.
+# heads per program, warps); `is_default` marks what `fused_qk_rope` launches by default (out of
+# place, and in place as `fused_inplace`). Beside them, the launch strategies of
+# `rope_kernels/kernels/fused_candidates.py` (`strategy`): on the default's tile a persistent grid
+# (`programs_per_sm`), angles computed in-kernel from each token's (row, column) instead of a
+# cos/sin read, and cache hints on the q/k loads and stores (`load_eviction_policy`,
+# `store_cache_modifier`); and whole-token rows (a program owns a few tokens' complete q and k
+# rows, `rows`, or the row as one padded block, `rows_padded`; `block_h` is then every head).
+# Some run in place (`in_place`, on input sets of their own); the table compares the fastest of
+# each kind with the default of the same kind.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -210,12 +215,14 @@ if config_sweep and dev.type == "cuda":
         from rope_kernels.study.results import upsert_csv
         upsert_csv(Path(data_dir) / "fused_configs.csv", sweep)
         print(data_line(Path(data_dir) / "fused_configs.csv"))  # what this report wrote; tests compare it with the CSV
-    best = sweep.loc[sweep.groupby(["tokens", "heads", "head_dim"]).median_us.idxmin()]
+    kind_of_launch = ["tokens", "heads", "head_dim", "in_place"]
+    best = sweep.loc[sweep.groupby(kind_of_launch).median_us.idxmin()]
     chosen = sweep[sweep.is_default]
-    display(with_units(best.merge(chosen, on=["tokens", "heads", "head_dim"], suffixes=("_best", "_default"))[
-        ["tokens", "heads", "head_dim", "strategy_best", "programs_per_sm_best", "block_t_best", "block_h_best",
-         "num_warps_best", "median_us_best",
-         "pct_of_copy_best", "block_t_default", "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
+    display(with_units(best.merge(chosen, on=kind_of_launch, suffixes=("_best", "_default"))[
+        kind_of_launch + ["strategy_best", "programs_per_sm_best", "block_t_best", "block_h_best",
+                          "num_warps_best", "load_eviction_policy_best", "store_cache_modifier_best",
+                          "median_us_best", "pct_of_copy_best", "strategy_default", "block_t_default",
+                          "block_h_default", "median_us_default", "pct_of_copy_default"]]).round(2))
 else:
     print("config sweep skipped (config_sweep=False or no GPU)")
 

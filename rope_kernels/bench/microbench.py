@@ -274,24 +274,37 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     """Time the fused kernel under each launch config: the evidence behind
     ``fused_launch_config``'s heuristic. ``configs`` is a list, or a function
     ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``);
-    its items are ``FusedConfig`` (the default strategy, "grid") or
+    its items are ``FusedConfig`` (the default strategy, "grid", out of place) or
     ``FusedCandidate``. With ``candidates`` every shape also gets the launch
-    candidates of ``kernels.fused_candidates`` (persistent grid, in-kernel angles)
-    on the default's tile. Rows carry ``strategy`` and ``programs_per_sm``; the
-    angles rows read int32 (row, col) per token instead of cos/sin, and their
-    ``gbps`` use the same nominal bytes as every row (a time comparison)."""
+    candidates of ``kernels.fused_candidates.fused_candidates`` (persistent grid,
+    in-kernel angles, whole-token rows, cache hints; some in place).
+
+    Rows carry ``strategy``, ``programs_per_sm``, ``in_place``, ``load_eviction_policy``
+    and ``store_cache_modifier`` ("none": no hint); ``block_h`` of a rows candidate is
+    every head (a program holds whole tokens). ``is_default`` marks what
+    ``fused_qk_rope`` launches by default (out of place, and in place as
+    ``fused_inplace``). In-place runs rotate input sets of their own (same values),
+    as ``bench_shape`` does for in-place variants; the angles rows read int32 (row,
+    col) per token instead of cos/sin, and their ``gbps`` use the same nominal bytes as
+    every row (a time comparison)."""
     from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
-    from rope_kernels.kernels.fused import FusedConfig, fused_launch_config, fused_qk_rope
+    from rope_kernels.kernels.fused import FusedConfig
     from rope_kernels.kernels.fused_candidates import (FusedCandidate, fused_candidates,
-                                                       fused_qk_rope_angles,
-                                                       fused_qk_rope_persistent, sweep_grid)
+                                                       fused_qk_rope_angles, sweep_grid)
     from rope_kernels.kernels.reference import cos_sin_views
 
     device = torch.device(device)
     element = torch.empty((), dtype=dtype).element_size()
     work = []
     for s in shapes:
-        items = list(configs(s) if callable(configs) else configs)
+        items = []
+        for c in (configs(s) if callable(configs) else configs):
+            if isinstance(c, FusedConfig):
+                c = FusedCandidate("grid", c)
+            if not isinstance(c, FusedCandidate):
+                raise TypeError(f"a sweep config must be a FusedConfig or FusedCandidate, got {c!r}")
+            if c not in items:
+                items.append(c)
         if candidates:
             items += [c for c in fused_candidates(s.heads, s.head_dim, element) if c not in items]
         work += [(s, c) for c in items]
@@ -299,47 +312,62 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
         from tqdm import tqdm
 
         work = tqdm(work, desc="fused configs", unit="run")
-    rows, sets, angle_sets, current = [], None, None, None
-    for shape, cfg in work:
-        if not isinstance(cfg, (FusedConfig, FusedCandidate)):
-            raise TypeError(f"a sweep config must be a FusedConfig or FusedCandidate, got {cfg!r}")
+    rows, current = [], None
+    for shape, cand in work:
         if shape != current:
             read = rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
-            sets = make_arg_sets(shape, dtype, device, cold_set_count(read, device))
+            count = cold_set_count(read, device)
+            sets, own_sets = make_arg_sets(shape, dtype, device, count), None
+            current = shape
+        if cand.in_place and own_sets is None:
+            # in-place runs rotate copies of their own: the shared sets stay as drawn
+            own_sets = make_arg_sets(shape, dtype, device, count)
+        arg_sets = own_sets if cand.in_place else sets
+        if cand.strategy == "angles":
             coords = vision_patch_coords(sweep_grid(shape.tokens), device=device)
             freqs = vision_rope_frequencies(shape.head_dim, device=device)
             # the angles candidate's inputs: the same q/k, each set its own coords
-            angle_sets = [(xq, xk, coords.clone(), freqs.clone()) for xq, xk, _ in sets]
-            current = shape
-        default = fused_launch_config(shape.heads, shape.head_dim, element)
-        strategy = cfg.strategy if isinstance(cfg, FusedCandidate) else "grid"
-        tile = cfg.config if isinstance(cfg, FusedCandidate) else cfg
-        if strategy == "angles":
-            def fn(xq, xk, c, f, _cfg=tile):
-                return fused_qk_rope_angles(xq, xk, c, f, config=_cfg)
-            arg_sets = angle_sets
-        elif strategy == "persistent":
-            def fn(xq, xk, f, _c=cfg):
-                return fused_qk_rope_persistent(xq, xk, *cos_sin_views(f), config=_c.config,
-                                                programs_per_sm=_c.programs_per_sm,
-                                                num_stages=_c.num_stages)
-            arg_sets = sets
+            arg_sets = [(xq, xk, coords.clone(), freqs.clone()) for xq, xk, _ in arg_sets]
+
+            def fn(xq, xk, c, f, _c=cand):
+                return fused_qk_rope_angles(xq, xk, c, f, inplace=_c.in_place, config=_c.config)
         else:
-            def fn(xq, xk, f, _cfg=tile):
-                return fused_qk_rope(xq, xk, *cos_sin_views(f), config=_cfg)
-            arg_sets = sets
+            def fn(xq, xk, f, _c=cand):
+                return _c(xq, xk, *cos_sin_views(f))
 
         t = time_fn(fn, arg_sets, mode=mode, calls_per_sample=max(len(arg_sets), 20),
                     samples=samples)
         nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
         gbps = nbytes / (t.median_us * 1e-6) / 1e9
+        cfg = cand.config
         rows.append({"tokens": shape.tokens, "heads": shape.heads, "head_dim": shape.head_dim,
-                     "dtype": dtype_name(dtype), "mode": mode, "strategy": strategy,
-                     "block_t": tile.block_t, "block_h": tile.block_h,
-                     "num_warps": tile.num_warps,
-                     "programs_per_sm": cfg.programs_per_sm if strategy == "persistent" else 0,
-                     "is_default": strategy == "grid" and cfg == default, "in_place": False,
+                     "dtype": dtype_name(dtype), "mode": mode, "strategy": cand.label,
+                     "block_t": cfg.block_t,
+                     "block_h": shape.heads if cand.strategy == "rows" else cfg.block_h,
+                     "num_warps": cfg.num_warps, "programs_per_sm": cand.programs_per_sm,
+                     "load_eviction_policy": cfg.eviction_policy or NO_CACHE_HINT,
+                     "store_cache_modifier": cfg.store_cache_modifier or NO_CACHE_HINT,
+                     "is_default": is_default_launch(cand, shape, element),
+                     "in_place": cand.in_place,
                      "timer": t.timer, "median_us": t.median_us,
                      "p20_us": t.p20_us, "p80_us": t.p80_us, "gbps": gbps,
                      "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps})
     return pd.DataFrame(rows)
+
+
+# What the sweep's hint columns hold where a launch gives no cache hint.
+NO_CACHE_HINT = "none"
+
+
+def is_default_launch(candidate, shape: Shape, element_size: int) -> bool:
+    """Whether ``candidate`` is what ``fused_qk_rope`` launches by default on ``shape``
+    (``fused.DEFAULT_LAYOUT`` picks the kernel, its launch-config function the settings),
+    in place or not."""
+    from rope_kernels.kernels import fused
+    from rope_kernels.kernels.fused_candidates import rows_launch_config
+
+    if fused.DEFAULT_LAYOUT == "rows":
+        return candidate.strategy == "rows" and candidate.config == rows_launch_config(
+            shape.heads, shape.head_dim, element_size)
+    return candidate.strategy == "grid" and candidate.config == fused.fused_launch_config(
+        shape.heads, shape.head_dim, element_size)

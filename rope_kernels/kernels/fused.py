@@ -62,6 +62,8 @@ def _fused_qk_rope_kernel(
     BLOCK_H: tl.constexpr,
     VEC: tl.constexpr,
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
+    EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none; FusedConfig)
+    STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
 ):
     N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
     pid = tl.program_id(0)
@@ -81,8 +83,8 @@ def _fused_qk_rope_kernel(
 
     d = tl.arange(0, MAIN)[None, None, :]
     j = tl.arange(0, MAIN // 2)[None, :]
-    q = tl.load(q_row + d, mask=mask, other=0.0)
-    k = tl.load(k_row + d, mask=mask, other=0.0)
+    q = tl.load(q_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
+    k = tl.load(k_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
     cos = tl.load(cos_row + j * cos_stride_d, mask=token_ok[:, None], other=0.0)
     sin = tl.load(sin_row + j * sin_stride_d, mask=token_ok[:, None], other=0.0)
     if INVERSE:
@@ -92,21 +94,23 @@ def _fused_qk_rope_kernel(
         j2 = MAIN // 2 + tl.arange(0, REST // 2)[None, :]
         mask2 = mask & (d2 < HEAD_DIM)
         pair_mask2 = token_ok[:, None] & (j2 < HEAD_DIM // 2)
-        q2 = tl.load(q_row + d2, mask=mask2, other=0.0)
-        k2 = tl.load(k_row + d2, mask=mask2, other=0.0)
+        q2 = tl.load(q_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
+        k2 = tl.load(k_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
         cos2 = tl.load(cos_row + j2 * cos_stride_d, mask=pair_mask2, other=0.0)
         sin2 = tl.load(sin_row + j2 * sin_stride_d, mask=pair_mask2, other=0.0)
         if INVERSE:
             sin2 = -sin2
 
     out_ty = q_out_ptr.dtype.element_ty
-    tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask)
-    tl.store(ko_row + d, _rotate_pairs(k, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask)
+    tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
+    tl.store(ko_row + d, _rotate_pairs(k, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
     if REST > 0:
         tl.store(qo_row + d2, _rotate_pairs(q2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
-                 mask=mask2)
+                 mask=mask2, cache_modifier=STORE_CACHE)
         tl.store(ko_row + d2, _rotate_pairs(k2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
-                 mask=mask2)
+                 mask=mask2, cache_modifier=STORE_CACHE)
 
 
 def head_dim_chunks(head_dim: int) -> tuple[int, int]:
@@ -116,6 +120,23 @@ def head_dim_chunks(head_dim: int) -> tuple[int, int]:
     return main, (1 << (rest - 1).bit_length()) if rest else 0
 
 
+# Cache hints Triton passes to the q/k loads and stores ("": none, the hardware's
+# default). The sweep measures them (fused_configs.csv, columns load_eviction_policy
+# and store_cache_modifier); none is on by default until a measurement says so.
+LOAD_EVICTION_POLICIES = ("", "evict_first", "evict_last")
+STORE_CACHE_MODIFIERS = ("", ".wb", ".cg", ".cs", ".wt")
+
+
+def check_cache_hints(owner: str, eviction_policy, store_cache_modifier) -> None:
+    """One-line errors for cache hints Triton would not take."""
+    if eviction_policy not in LOAD_EVICTION_POLICIES:
+        raise ValueError(f"{owner}.eviction_policy must be one of {LOAD_EVICTION_POLICIES}, "
+                         f"got {eviction_policy!r}")
+    if store_cache_modifier not in STORE_CACHE_MODIFIERS:
+        raise ValueError(f"{owner}.store_cache_modifier must be one of {STORE_CACHE_MODIFIERS}, "
+                         f"got {store_cache_modifier!r}")
+
+
 @dataclass(frozen=True)
 class FusedConfig:
     """Launch settings of the fused kernel (see ``fused_launch_config``)."""
@@ -123,12 +144,15 @@ class FusedConfig:
     block_t: int  # tokens per program
     block_h: int  # heads per program
     num_warps: int
+    eviction_policy: str = ""  # of the q/k loads, e.g. "evict_first" (LOAD_EVICTION_POLICIES)
+    store_cache_modifier: str = ""  # of the q/k stores, e.g. ".cs" (STORE_CACHE_MODIFIERS)
 
     def __post_init__(self):
         for name in ("block_t", "block_h", "num_warps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"FusedConfig.{name} must be a positive power of two, got {v!r}")
+        check_cache_hints("FusedConfig", self.eviction_policy, self.store_cache_modifier)
 
 
 # Bytes of q (and as many of k) one program moves. Measured on an H200 (bf16,
@@ -140,6 +164,18 @@ class FusedConfig:
 # 256 tokens (latency-bound, 2 us) a smaller tile would be 6% faster.
 TILE_BYTES = 2048
 MAX_BLOCK_H = 16
+
+# The kernel ``fused_qk_rope`` launches when no config is given: "tiles" (this file's
+# kernel, BLOCK_T tokens x BLOCK_H heads) or "rows" (``fused_candidates``' whole-token
+# rows, ``rows_launch_config``). Making the rows candidate the default is this one line;
+# ``default_triton_kernel()`` follows it (profiler attribution, the sweep's is_default).
+DEFAULT_LAYOUT = "tiles"
+LAYOUTS = {"tiles": "_fused_qk_rope_kernel", "rows": "_fused_qk_rope_rows_kernel"}
+
+
+def default_triton_kernel() -> str:
+    """Name of the Triton kernel ``fused_qk_rope`` launches by default."""
+    return LAYOUTS[DEFAULT_LAYOUT]
 
 
 def fused_launch_config(heads: int, head_dim: int, element_size: int) -> FusedConfig:
@@ -276,6 +312,11 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: FusedConfig | None, *,
     if tokens == 0 or heads == 0:
         return
     check_triton_device(xq, "fused_qk_rope")
+    if config is None and DEFAULT_LAYOUT == "rows":
+        from rope_kernels.kernels.fused_candidates import launch_rows
+
+        launch_rows(xq, xk, q_out, k_out, cos, sin, None, inverse=inverse)
+        return
     if config is None:
         config = fused_launch_config(heads, head_dim, xq.element_size())
     main, rest = head_dim_chunks(head_dim)
@@ -295,6 +336,8 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: FusedConfig | None, *,
         BLOCK_H=config.block_h,
         VEC=vec,
         INVERSE=inverse,
+        EVICTION=config.eviction_policy,
+        STORE_CACHE=config.store_cache_modifier,
         num_warps=config.num_warps,
     )
 

@@ -315,6 +315,13 @@ def _no_persistent_grid(old):
     return pd.Series(0, index=old.index)
 
 
+def _no_cache_hint(old):
+    """Sweep rows from before the cache-hint columns gave no hint (microbench.NO_CACHE_HINT)."""
+    import pandas as pd
+
+    return pd.Series("none", index=old.index)
+
+
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
 RESULT_FILES: dict[str, Table] = {
@@ -330,11 +337,15 @@ RESULT_FILES: dict[str, Table] = {
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
     "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "strategy",
                                 "block_t", "block_h", "num_warps", "programs_per_sm",
+                                "in_place", "load_eviction_policy", "store_cache_modifier",
                                 "device_name"),
-                               added=("in_place", "strategy", "programs_per_sm"),
+                               added=("in_place", "strategy", "programs_per_sm",
+                                      "load_eviction_policy", "store_cache_modifier"),
                                derived={"in_place": _never_in_place,
                                         "strategy": _default_strategy,
-                                        "programs_per_sm": _no_persistent_grid}),
+                                        "programs_per_sm": _no_persistent_grid,
+                                        "load_eviction_policy": _no_cache_hint,
+                                        "store_cache_modifier": _no_cache_hint}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
                              added=PEER_COLUMNS + ("seed",)),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
