@@ -15,7 +15,11 @@ SM copy of the same bytes, and the like-for-like ratio (time of the peer / time 
 the row: in place against vllm_packed_qk, out of place against sglang_vision; > 1:
 the row is faster). Writes $OUT/fused_explore.csv (or ./probe-out).
 
-    eval "$(bash tools/device_setup.sh env)"; python tools/fused_explore.py [--quick]
+    python tools/fused_explore.py [--quick]      # carry .peers (vLLM's, SGLang's pinned files)
+
+Only the two peers above are needed: without ``tools/device_setup.sh``'s environment the
+CUDA-JIT peers (SGLang's Kimi-K2.5 path, FlashInfer) are absent at once instead of being
+built when the registry loads (10-60 s).
 
 Runs on a CPU too (a smoke test of the plumbing under TRITON_INTERPRET=1, tiny shapes:
 not a measurement).
@@ -148,11 +152,13 @@ def main(argv=None) -> int:
             print(f"{name}: absent ({why})", flush=True)
         else:
             peers[name] = VARIANTS[name]
-    # a candidate that disagrees with float64 is named and dropped, never timed
+    # a candidate that disagrees with float64 is named and dropped, never timed; checked
+    # at the most heads timed (the same compiled kernels the timing runs: tokens are not
+    # specialised), an odd token count
     checked = []
     for v in variants:
-        res = check_variant(v, tokens=37 if gpu else 5, heads=3, head_dim=args.head_dim,
-                            dtype=torch.bfloat16, device=device)
+        res = check_variant(v, tokens=37 if gpu else 5, heads=max(args.heads),
+                            head_dim=args.head_dim, dtype=torch.bfloat16, device=device)
         if res.passed:
             checked.append(v)
         else:
