@@ -217,3 +217,10 @@ def test_fused_candidates_match_float64_at_size(shape, inplace):
         assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, ("persistent", pps)
     q, k = fused_qk_rope_angles(xq.clone(), xk.clone(), coords, freqs, inplace=inplace)
     assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, "angles"
+    # every rows / cache-hint / grid candidate the sweep times, at the study's sizes
+    from rope_kernels.kernels.fused_candidates import fused_candidates
+
+    for cand in fused_candidates(heads, head_dim, xq.element_size()):
+        if cand.strategy in ("rows", "grid"):
+            q, k = cand(xq.clone(), xk.clone(), *cos_sin_views(freqs_cis))
+            assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, cand
