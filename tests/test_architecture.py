@@ -244,8 +244,8 @@ COMPILE_MATRIX_PENDING = {
         "the QKV GEMM's persistent variant (issue 18 helper; _qkv_rope_kernel is in the matrix)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_row_kernel"):
         "the SM same-bytes copy, row tiling (a benchmark reference, not a study kernel)",
-    ("rope_kernels.bench.same_bytes_copy", "_copy_head_kernel"):
-        "the SM same-bytes copy, the fused kernel's tile (a benchmark reference)",
+    ("rope_kernels.bench.same_bytes_copy", "_copy_tokens_kernel"):
+        "the SM same-bytes copy, whole tokens per program (a benchmark reference)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_flat_kernel"):
         "the SM same-bytes copy, flat blocks (a benchmark reference)",
     ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_persistent_kernel"):

@@ -13,9 +13,9 @@ from rope_kernels.bench.microbench import (SAME_BYTES_COPY, SAME_BYTES_COPY_INPL
                                            bench_shape, fastest_copy, make_arg_sets)
 from rope_kernels.bench.same_bytes_copy import (CopyTiling, launch_same_bytes_copy,
                                                 same_bytes_copy, same_bytes_copy_config,
-                                                same_bytes_copy_inplace, same_bytes_copy_tilings)
+                                                same_bytes_copy_inplace, same_bytes_copy_tilings,
+                                                tokens_tiling)
 from rope_kernels.bench.timing import Timing
-from rope_kernels.kernels.fused import fused_launch_config
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.variants import Variant
 
@@ -89,33 +89,38 @@ def test_wrong_twins_are_caught(tiling, device):
 
 
 def test_the_family_covers_the_variants_access_patterns():
-    """row (the old single tiling), the fused kernel's own tile, and flat blocks;
+    """row (the old single tiling), whole tokens at each tile size, and flat blocks;
     no duplicates, every label distinct."""
     for heads in (2, 3, 4, 16):
         family = same_bytes_copy_tilings(heads, 72, 2)
         assert family[0] == same_bytes_copy_config(heads, 72, 2)
-        fused = fused_launch_config(heads, 72, 2)
-        assert CopyTiling("head", block_t=fused.block_t, block_h=fused.block_h,
-                          num_warps=fused.num_warps) in family
-        assert {t.layout for t in family} == {"row", "head", "flat"}
+        assert {t.layout for t in family} == {"row", "tokens", "flat"}
         assert len({t.label for t in family}) == len(family)
-    for bad in (dict(layout="tile"), dict(layout="row", block_t=3, block_c=16),
-                dict(layout="head", block_t=4, block_h=0), dict(layout="flat", block=True),
+    for bad in (dict(layout="head"), dict(layout="row", block_t=3, block_c=16),
+                dict(layout="tokens", block_t=0), dict(layout="flat", block=True),
                 dict(layout="flat", block=256, num_warps=3)):
         with pytest.raises(ValueError, match="CopyTiling"):
             CopyTiling(**bad)
 
 
-def test_the_head_tiling_takes_any_head_stride_the_row_tilings_refuse_it(device):
-    """q/k whose heads are not adjacent (a (T, H, D) view of an (H, T, D) buffer):
-    the fused kernel reads such views, and so does the copy of its tile."""
+def test_tokens_tiling_fills_its_tile_with_whole_tokens():
+    # 2 x 72 bf16: a token's q row is 288 B, so 8 tokens fill 4 KB (16 would not)
+    assert tokens_tiling(2, 72, 2, 4096) == CopyTiling("tokens", block_t=8, num_warps=4)
+    assert tokens_tiling(16, 72, 2, 4096).block_t == 1  # 2304 B: one token
+    assert tokens_tiling(16, 72, 2, 1024).block_t == 1  # never fewer than one
+    assert tokens_tiling(4, 72, 2, 1024).block_t == 1 and tokens_tiling(4, 72, 2, 4096).block_t == 4
+    for t in (tokens_tiling(h, d, e, b) for h in (1, 2, 3, 16) for d in (8, 72, 128)
+              for e in (2, 4) for b in (1024, 4096)):
+        assert 1 <= t.num_warps <= 8
+    with pytest.raises(ValueError, match="tile_bytes"):
+        tokens_tiling(2, 72, 2, 0)
+
+
+def test_every_tiling_refuses_q_whose_heads_are_not_adjacent(device):
     shape = Shape(5, 3, 8)
     xq, xk, freqs = make_arg_sets(shape, torch.float32, device, 1)[0]
     xq, xk = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (xq, xk))
-    head = next(t for t in tilings_of(shape) if t.layout == "head")
-    q, k = same_bytes_copy(xq, xk, freqs, tiling=head)
-    assert copies_exactly((xq, xk), (q, k))
-    for tiling in (t for t in tilings_of(shape) if t.layout != "head"):
+    for tiling in tilings_of(shape):
         with pytest.raises(ValueError, match="row contiguous"):
             same_bytes_copy(xq, xk, freqs, tiling=tiling)
 
@@ -126,10 +131,10 @@ def test_the_reference_is_the_fastest_copy_of_the_same_kind():
                       calls_per_sample=1)
     timings = {"fused": t(1.0), f"{SAME_BYTES_COPY}[row:1x2/4]": t(5.0),
                f"{SAME_BYTES_COPY}[flat:256/2]": t(3.0),
-               f"{SAME_BYTES_COPY_INPLACE}[head:4x2/4]": t(2.0),
+               f"{SAME_BYTES_COPY_INPLACE}[tokens:8/4]": t(2.0),
                f"{SAME_BYTES_COPY_INPLACE}[row:1x2/4]": t(4.0)}
     assert fastest_copy(timings, False) == (3.0, "flat:256/2")
-    assert fastest_copy(timings, True) == (2.0, "head:4x2/4")
+    assert fastest_copy(timings, True) == (2.0, "tokens:8/4")
     with pytest.raises(ValueError, match="no in-place"):
         fastest_copy({"fused": t(1.0)}, True)
 

@@ -10,21 +10,22 @@ beyond noise: timed exactly like the variants (same input sets, same timer, same
 rounds), the fastest of them is the limit at that size.
 
 Why several tilings. How fast a copy runs depends on how its programs cut the
-bytes, and the variants cut them differently: the fused kernel moves whole heads
-of a few tokens, SGLang's Triton kernel flat blocks of 128 pairs, vLLM's kernel a
-token per program. One tiling is not a limit for all of them: the committed H200
-run of 66a5895 had one (``row`` below) and at 2 and 4 heads x 72 it was up to 1.8x
-slower than the in-place fused kernel (its 32-byte column blocks scatter each
-token's row over many programs). So ``same_bytes_copy_tilings`` gives a small
-family that covers the variants' access patterns, the benchmark times every
-member in the same rounds, and the reference is the fastest member's median
-(``bench.microbench``: ``same_bytes_copy_us`` and ``same_bytes_copy_tiling``):
+bytes, and the variants cut them differently: the fused kernel moves whole tokens
+(every head of a few tokens), SGLang's Triton kernel flat blocks of 128 pairs,
+vLLM's kernel a token per program. One tiling is not a limit for all of them: the
+committed H200 run of 66a5895 had one (``row`` below) and at 2 and 4 heads x 72 it
+was up to 1.8x slower than the in-place fused kernel (its 32-byte column blocks
+scatter each token's row over many programs, and in place it wrote them back the
+same way). So ``same_bytes_copy_tilings`` gives a small family that covers the
+variants' access patterns, the benchmark times every member in the same rounds,
+and the reference is the fastest member's median (``bench.microbench``:
+``same_bytes_copy_us`` and ``same_bytes_copy_tiling``):
 
 - ``row``: ``block_t`` tokens x ``block_c`` contiguous elements of a token's
   heads x head_dim row (the row is contiguous in a packed qkv view);
-- ``head``: the fused kernel's own tile (``fused_launch_config``): ``block_t``
-  tokens x ``block_h`` heads x the whole head_dim in the same power-of-two chunks
-  (64 + 8 at 72), so the fused kernel moves no byte a copy of its tile does not;
+- ``tokens``: ``block_t`` whole tokens per program, each token's q and k rows in
+  two power-of-two chunks (1152 = 1024 + 128 at 16 x 72), every load issued before
+  any store: the fused kernel's own layout, at a 4 KB and a 1 KB tile;
 - ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
   across tokens and heads like SGLang's kernel (no padded lanes).
 
@@ -37,7 +38,7 @@ The cos/sin reads. A copy would not need them, so the kernels compare them with
 ``never`` (a NaN passed at run time, equal to nothing) and would zero what
 depends on a match: the compiler cannot drop the loads, and the stored values are
 the loaded ones bit for bit. Each token's cos/sin are read by one program only
-(the one holding the token's first column block, first head block or first
+(the one holding the token's first column block, the token itself, or its first
 ``head_dim/2`` row elements), so they cross the memory bus once, as in
 ``minimal_bytes``. Token offsets are int64.
 """
@@ -53,7 +54,6 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import fused_launch_config, head_dim_chunks
 from rope_kernels.kernels.reference import cos_sin_views
 
 
@@ -92,58 +92,45 @@ def _copy_row_kernel(
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, tl.where(keep, k, 0.0), mask=mask)
 
 
-@triton.jit
-def _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, D0: tl.constexpr,
-                     WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Copy elements [D0, D0 + WIDTH) of each (token, head) row (masked to HEAD_DIM)."""
-    d = D0 + tl.arange(0, WIDTH)[None, None, :]
-    m = mask & (d < HEAD_DIM)
-    q = tl.load(q_row + d, mask=m)
-    k = tl.load(k_row + d, mask=m)
-    tl.store(qo_row + d, tl.where(keep, q, 0.0), mask=m)
-    tl.store(ko_row + d, tl.where(keep, k, 0.0), mask=m)
-
-
 @triton.jit(do_not_specialize=["n_tokens", "never"])
-def _copy_head_kernel(
+def _copy_tokens_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
-    q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
-    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,
+    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
     never,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    MAIN: tl.constexpr,  # the fused kernel's chunks: largest power of two <= HEAD_DIM
-    REST: tl.constexpr,  # power of two covering HEAD_DIM - MAIN (0 when none)
+    ROW: tl.constexpr,
+    PAIRS: tl.constexpr,
     BLOCK_PAIRS: tl.constexpr,
+    MAIN: tl.constexpr,  # largest power of two <= ROW
+    REST: tl.constexpr,  # power of two covering ROW - MAIN (0 when none)
     BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
-    pid = tl.program_id(0)
-    head_block = pid % N_HEAD_BLOCKS
-    tokens = (pid // N_HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < n_tokens
-    mask = token_ok[:, None, None] & (heads < HEADS)[None, :, None]
-    t3 = tokens[:, None, None]
-    h3 = heads[None, :, None]
-    j = tl.arange(0, BLOCK_PAIRS)[None, :]
-    pair_mask = token_ok[:, None] & (j < HEAD_DIM // 2) & (head_block == 0)
     t2 = tokens[:, None]
+    ok = token_ok[:, None]
+    c = tl.arange(0, MAIN)[None, :]
+    # every load before any store, as the fused kernels do
+    q = tl.load(q_ptr + t2 * (q_stride_t * VEC) + c, mask=ok)
+    k = tl.load(k_ptr + t2 * (k_stride_t * VEC) + c, mask=ok)
+    if REST > 0:
+        c2 = MAIN + tl.arange(0, REST)[None, :]
+        m2 = ok & (c2 < ROW)
+        q2 = tl.load(q_ptr + t2 * (q_stride_t * VEC) + c2, mask=m2)
+        k2 = tl.load(k_ptr + t2 * (k_stride_t * VEC) + c2, mask=m2)
+    j = tl.arange(0, BLOCK_PAIRS)[None, :]
+    pair_mask = ok & (j < PAIRS)
     cos = tl.load(cos_ptr + t2 * cos_stride_t + j * cos_stride_d, mask=pair_mask, other=0.0)
     sin = tl.load(sin_ptr + t2 * sin_stride_t + j * sin_stride_d, mask=pair_mask, other=0.0)
     hits = tl.sum(((cos == never) | (sin == never)).to(tl.int32), axis=1)
-    keep = (hits == 0)[:, None, None]
-    q_row = q_ptr + t3 * (q_stride_t * VEC) + h3 * (q_stride_h * VEC)
-    k_row = k_ptr + t3 * (k_stride_t * VEC) + h3 * (k_stride_h * VEC)
-    qo_row = q_out_ptr + t3 * (qo_stride_t * VEC) + h3 * (qo_stride_h * VEC)
-    ko_row = k_out_ptr + t3 * (ko_stride_t * VEC) + h3 * (ko_stride_h * VEC)
-    _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, 0, MAIN, HEAD_DIM)
+    keep = (hits == 0)[:, None]
+    tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c, tl.where(keep, q, 0.0), mask=ok)
+    tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c, tl.where(keep, k, 0.0), mask=ok)
     if REST > 0:
-        _copy_head_chunk(q_row, k_row, qo_row, ko_row, keep, mask, MAIN, REST, HEAD_DIM)
+        tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c2, tl.where(keep, q2, 0.0), mask=m2)
+        tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, tl.where(keep, k2, 0.0), mask=m2)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "never"])
@@ -177,7 +164,11 @@ def _copy_flat_kernel(
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
-LAYOUTS = ("row", "head", "flat")
+LAYOUTS = ("row", "tokens", "flat")
+# ``tokens`` tiles: bytes of q rows per program (whole tokens, at least one). 4 KB
+# and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
+# exploration run (tools/fused_explore.py, 2026-12-03).
+TOKENS_TILE_BYTES = (4096, 1024)
 # ``flat`` blocks: (elements, warps). 256 elements on 2 warps is SGLang's program
 # (128 pairs); 1024 on 4 warps is one 16-byte vector per thread at bf16.
 FLAT_BLOCKS = ((256, 2), (1024, 4))
@@ -187,17 +178,16 @@ FLAT_BLOCKS = ((256, 2), (1024, 4))
 class CopyTiling:
     """How one same-bytes copy cuts the bytes into programs (see the module docstring)."""
 
-    layout: str  # "row" | "head" | "flat"
-    block_t: int = 1  # tokens per program (row, head)
+    layout: str  # "row" | "tokens" | "flat"
+    block_t: int = 1  # tokens per program (row, tokens)
     block_c: int = 0  # row: contiguous elements of a token's row per program
-    block_h: int = 0  # head: heads per program
     block: int = 0  # flat: consecutive elements per program
     num_warps: int = 4
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
-        needed = {"row": ("block_t", "block_c"), "head": ("block_t", "block_h"),
+        needed = {"row": ("block_t", "block_c"), "tokens": ("block_t",),
                   "flat": ("block",)}[self.layout]
         for name in needed + ("num_warps",):
             v = getattr(self, name)
@@ -207,8 +197,8 @@ class CopyTiling:
 
     @property
     def label(self) -> str:
-        """Short name for result rows: row:64x16, head:4x2, flat:1024 (then /warps)."""
-        size = {"row": f"{self.block_t}x{self.block_c}", "head": f"{self.block_t}x{self.block_h}",
+        """Short name for result rows: row:64x16, tokens:8, flat:1024 (then /warps)."""
+        size = {"row": f"{self.block_t}x{self.block_c}", "tokens": f"{self.block_t}",
                 "flat": f"{self.block}"}[self.layout]
         return f"{self.layout}:{size}/{self.num_warps}"
 
@@ -227,14 +217,26 @@ def same_bytes_copy_config(heads: int, head_dim: int, element_size: int) -> Copy
     return CopyTiling("row", block_t=max(1, tile // block_c), block_c=block_c, num_warps=4)
 
 
+def tokens_tiling(heads: int, head_dim: int, element_size: int, tile_bytes: int) -> CopyTiling:
+    """Whole tokens per program: the largest power of two whose q rows fit
+    ``tile_bytes`` (at least one); about one 16-byte vector per thread of the row's
+    first power-of-two chunk, 1 to 8 warps."""
+    _check_ints(heads=heads, head_dim=head_dim, element_size=element_size, tile_bytes=tile_bytes)
+    row = heads * head_dim
+    fit = max(1, tile_bytes // (row * element_size))
+    block_t = 1 << (fit.bit_length() - 1)
+    main = 1 << (row.bit_length() - 1)
+    vectors = block_t * main * element_size // 16
+    warps = 1 << max(0, min(3, (max(1, vectors // 32)).bit_length() - 1))
+    return CopyTiling("tokens", block_t=block_t, num_warps=warps)
+
+
 def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tuple[CopyTiling, ...]:
     """The family the benchmark times (the reference is its fastest member): the
-    ``row`` tiling, the fused kernel's own tile as ``head``, and the ``FLAT_BLOCKS``."""
+    ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, and the ``FLAT_BLOCKS``."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
-    fused = fused_launch_config(heads, head_dim, element_size)
-    family = [same_bytes_copy_config(heads, head_dim, element_size),
-              CopyTiling("head", block_t=fused.block_t, block_h=fused.block_h,
-                         num_warps=fused.num_warps)]
+    family = [same_bytes_copy_config(heads, head_dim, element_size)]
+    family += [tokens_tiling(heads, head_dim, element_size, b) for b in TOKENS_TILE_BYTES]
     family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
     return tuple(dict.fromkeys(family))
 
@@ -245,13 +247,13 @@ def _check_ints(**values) -> None:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
-def _vector_width(tensors, element_size: int, strides=(0,)) -> int:
-    """Widest power-of-two element count (at most 16 bytes) dividing every given
+def _vector_width(tensors, element_size: int) -> int:
+    """Widest power-of-two element count (at most 16 bytes) dividing every token
     stride and base offset, so row loads are provably aligned vectors."""
     vec = max(1, 16 // element_size)
     while vec > 1:
-        if all(all(t.stride(d) % vec == 0 for d in strides)
-               and t.data_ptr() % (vec * element_size) == 0 for t in tensors):
+        if all(t.stride(0) % vec == 0 and t.data_ptr() % (vec * element_size) == 0
+               for t in tensors):
             return vec
         vec //= 2
     return 1
@@ -284,17 +286,6 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     tensors = (xq, xk, q_out, k_out)
     row = heads * head_dim
     trig = (cos, sin, cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), float(never))
-    if tiling.layout == "head":
-        vec = _vector_width(tensors, es, strides=(0, 1))
-        main, rest = head_dim_chunks(head_dim)
-        grid = (triton.cdiv(tokens, tiling.block_t) * triton.cdiv(heads, tiling.block_h),)
-        _copy_head_kernel[grid](
-            xq, xk, q_out, k_out, *trig[:2], n_tokens,
-            *(s // vec for t in tensors for s in (t.stride(0), t.stride(1))), *trig[2:],
-            HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest,
-            BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2), BLOCK_T=tiling.block_t,
-            BLOCK_H=tiling.block_h, VEC=vec, num_warps=tiling.num_warps)
-        return
     _check_rows(xq, xk, tiling.layout)
     vec = _vector_width(tensors, es)
     strides = tuple(t.stride(0) // vec for t in tensors)
@@ -304,6 +295,13 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
             BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c, VEC=vec, num_warps=tiling.num_warps)
+    elif tiling.layout == "tokens":
+        main = 1 << (row.bit_length() - 1)
+        rest = 1 << (row - main - 1).bit_length() if row > main else 0
+        _copy_tokens_kernel[(triton.cdiv(tokens, tiling.block_t),)](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
+            ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
+            MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec, num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](
@@ -327,8 +325,7 @@ def same_bytes_copy(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     if tiling is not None and not isinstance(tiling, CopyTiling):
         raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
-    if tiling is None or tiling.layout != "head":
-        _check_rows(xq, xk, "row" if tiling is None else tiling.layout)
+    _check_rows(xq, xk, "row" if tiling is None else tiling.layout)
     cos, sin = cos_sin_views(freqs_cis)
     if inplace:
         check_writable_in_place(xq, xk)
