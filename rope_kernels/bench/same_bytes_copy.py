@@ -101,7 +101,6 @@ def _copy_tokens_kernel(
     never,
     ROW: tl.constexpr,
     PAIRS: tl.constexpr,
-    BLOCK_PAIRS: tl.constexpr,
     MAIN: tl.constexpr,  # largest power of two <= ROW
     REST: tl.constexpr,  # power of two covering ROW - MAIN (0 when none)
     BLOCK_T: tl.constexpr,
@@ -120,17 +119,17 @@ def _copy_tokens_kernel(
         m2 = ok & (c2 < ROW)
         q2 = tl.load(q_ptr + t2 * (q_stride_t * VEC) + c2, mask=m2)
         k2 = tl.load(k_ptr + t2 * (k_stride_t * VEC) + c2, mask=m2)
-    j = tl.arange(0, BLOCK_PAIRS)[None, :]
-    pair_mask = ok & (j < PAIRS)
-    cos = tl.load(cos_ptr + t2 * cos_stride_t + j * cos_stride_d, mask=pair_mask, other=0.0)
-    sin = tl.load(sin_ptr + t2 * sin_stride_t + j * sin_stride_d, mask=pair_mask, other=0.0)
-    hits = tl.sum(((cos == never) | (sin == never)).to(tl.int32), axis=1)
-    keep = (hits == 0)[:, None]
+    # The row's first PAIRS elements read the token's cos/sin (MAIN >= PAIRS), each
+    # gating only its own element: no reduction between the loads and the stores.
+    pair_mask = ok & (c < PAIRS)
+    cos = tl.load(cos_ptr + t2 * cos_stride_t + c * cos_stride_d, mask=pair_mask, other=0.0)
+    sin = tl.load(sin_ptr + t2 * sin_stride_t + c * sin_stride_d, mask=pair_mask, other=0.0)
+    keep = (cos != never) & (sin != never)
     tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c, tl.where(keep, q, 0.0), mask=ok)
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c, tl.where(keep, k, 0.0), mask=ok)
     if REST > 0:
-        tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c2, tl.where(keep, q2, 0.0), mask=m2)
-        tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, tl.where(keep, k2, 0.0), mask=m2)
+        tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c2, q2, mask=m2)
+        tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, k2, mask=m2)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "never"])
@@ -169,9 +168,10 @@ LAYOUTS = ("row", "tokens", "flat")
 # and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
 # exploration run (tools/fused_explore.py, 2026-12-03).
 TOKENS_TILE_BYTES = (4096, 1024)
-# ``flat`` blocks: (elements, warps). 256 elements on 2 warps is SGLang's program
-# (128 pairs); 1024 on 4 warps is one 16-byte vector per thread at bf16.
-FLAT_BLOCKS = ((256, 2), (1024, 4))
+# ``flat`` blocks: (elements, warps). 256 elements on 4 warps is SGLang's program
+# (128 pairs, a pair a thread), on 2 warps 8 bytes a thread; 1024 on 4 warps is one
+# 16-byte vector per thread at bf16.
+FLAT_BLOCKS = ((256, 2), (256, 4), (1024, 4))
 
 
 @dataclass(frozen=True)
@@ -300,8 +300,7 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
         rest = 1 << (row - main - 1).bit_length() if row > main else 0
         _copy_tokens_kernel[(triton.cdiv(tokens, tiling.block_t),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
-            ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
-            MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec, num_warps=tiling.num_warps)
+            ROW=row, PAIRS=head_dim // 2, MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec, num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](
