@@ -16,7 +16,8 @@ out: the mainloop's share). Every call's output is checked against float64 once
 (``matches_float64``); a config that fails prints one line and the sweep goes on.
 Prints a table (config, us, ratio to cuBLAS, ratio to cuBLAS + fused RoPE) and, where
 ``$OUT`` is set (or ``--csv`` given), writes every row to ``qkv_sweep.csv`` there.
-Exploration only: the study's rows come from notebook 05_qkv_gemm.
+Exploration only: the study's rows come from notebook 05_qkv_gemm. No warp-specialized
+config is timed: one hung on an H200 (see ``QKVGemmConfig.warp_specialize``).
 """
 
 from __future__ import annotations

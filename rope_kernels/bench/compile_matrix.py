@@ -167,6 +167,13 @@ def _qkv_config_launch(config):
     return launch
 
 
+def _qkv_nvidia_default_kernel() -> str:
+    """The kernel ``qkv_rope_linear`` launches with the NVIDIA config at Kimi's shape."""
+    from rope_kernels.kernels.qkv_gemm import qkv_gemm_config
+
+    return qkv_gemm_config(16, 72, torch.device("cuda"), amd=False).kernel_name
+
+
 def qkv_config_entries(configs) -> tuple[KernelEntry, ...]:
     """One entry per QKV GEMM config (Hopper-and-newer TMA path, Kimi's shape, bf16),
     named ``qkv_gemm <label>``: ``qkv_sweep_entries`` compiles what
@@ -197,7 +204,8 @@ KERNELS = (
     KernelEntry("qkv_gemm_pointers", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
                 _qkv_gemm_launch(use_tma=False), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
-    KernelEntry("qkv_gemm_tma", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
+    # the NVIDIA default's kernel (persistent since 2026-12-03: _qkv_nvidia_default_kernel)
+    KernelEntry("qkv_gemm_tma", "rope_kernels.kernels.qkv_gemm", _qkv_nvidia_default_kernel(),
                 _qkv_gemm_launch(use_tma=True), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
 )
@@ -209,6 +217,14 @@ def qkv_sweep_entries() -> tuple[KernelEntry, ...]:
     from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
 
     return qkv_config_entries(QKV_SWEEP_CONFIGS)
+
+
+def qkv_sweep_and_warp_specialized_entries() -> tuple[KernelEntry, ...]:
+    """``qkv_sweep_entries`` plus the warp-specialized configs, which are compiled only
+    (``QKV_WARP_SPECIALIZED_CONFIGS``: they hung on an H200), in one compile run."""
+    from rope_kernels.kernels.qkv_gemm import QKV_WARP_SPECIALIZED_CONFIGS
+
+    return qkv_sweep_entries() + qkv_config_entries(QKV_WARP_SPECIALIZED_CONFIGS)
 
 
 class _LaunchRecorder:

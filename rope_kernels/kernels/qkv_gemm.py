@@ -47,7 +47,8 @@ The file is in named pieces, like Triton's persistent-matmul tutorial:
    no reshape or join of the accumulator, so this kernel keeps a tile's even
    and odd pair members in two accumulators (``_mainloop_pair_halves``),
    rotates them elementwise and stores them through pointers
-   (``_pair_epilogue``).
+   (``_pair_epilogue``). It hung on an H200 (Triton 3.6; see
+   ``QKVGemmConfig.warp_specialize``): tested on the CPU only, timed nowhere.
 6. **Launch settings** (``QKVGemmConfig``; its defaults are the measured best)
    and **launchers** (``qkv_rope_linear``, ``qkv_rope_linear_angles``,
    ``rotating_qkv_projection``; ``qkv_linear_rotation_compiled_out`` is for
@@ -625,13 +626,21 @@ def _qkv_rope_kernel_ws(
 class QKVGemmConfig:
     """Launch settings of ``qkv_rope_linear`` (see ``qkv_gemm_config``).
 
-    The defaults are the fastest config measured on an H200 (notebook 05_qkv_gemm,
-    ``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit 66a589554918: 1152 -> 3 x 16 x 72,
-    bf16, cold, CUDA graphs): of its five candidates, 128x256x64 tiles (16 heads x 8
-    pairs, Kimi's 36 pairs padded to 40), 3 stages, 8 warps, group_m 8, one program
-    per tile was the fastest at each of the 21,904, 43,808 and 87,616 token counts,
-    ahead of the former default (128x128x64, 4 stages). Notebook 05_qkv_gemm re-measures
-    ``QKV_CANDIDATE_CONFIGS`` in every GPU run; ``tools/qkv_sweep.py`` sweeps more."""
+    The defaults: 128x256x64 tiles (16 heads x 8 pairs, Kimi's 36 pairs padded to 40),
+    3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM). The tile
+    shape, stages and warps are the fastest of notebook 05_qkv_gemm's candidates on an
+    H200 (``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit 66a589554918: 1152 -> 3 x 16
+    x 72, bf16, cold, CUDA graphs) at each of 21,904, 43,808 and 87,616 tokens, where one
+    program per tile ran them. The persistent grid is from an exploration run of
+    ``tools/qkv_sweep.py --samples 6`` on an H200 (2026-12-03, not a committed result):
+    at 21,904 tokens the same config persistent took 339.6 us against 360.4 us per tile
+    (5.8% faster). Notebook 05_qkv_gemm re-measures ``QKV_CANDIDATE_CONFIGS`` (the
+    former one-program-per-tile default among them) at all three token counts in every
+    GPU run and reports the best; ``tools/qkv_sweep.py`` sweeps more.
+
+    ``warp_specialize=True`` HUNG on an H200 (Triton 3.6; exploration run of
+    2026-12-03, 21,904 tokens: no output for ~170 s until a 180 s timeout): do not
+    launch it on a GPU; it is tested on the CPU only (interpreter, sm_90 compile)."""
 
     block_m: int = 128
     block_n: int = 256
@@ -640,12 +649,20 @@ class QKVGemmConfig:
     group_m: int = 8
     num_stages: int = 3
     num_warps: int = 8
-    persistent: bool = False  # one program per SM striding over the tiles
+    persistent: bool = True  # one program per SM striding over the tiles
     epilogue_subtile: bool = False  # rotate and store the tile in two halves of its heads
     use_tma: bool | None = None  # None: TMA where the GPU and the strides allow it
     # ``_qkv_rope_kernel_ws``: persistent, tile loop warp-specialized (Hopper: 4 warps
     # become a producer and two consumer warp groups), even/odd members in two
-    # accumulators; needs persistent=True, num_warps=4, TMA, no epilogue_subtile
+    # accumulators; needs persistent=True, num_warps=4, TMA, no epilogue_subtile.
+    # NOT for GPU use as it stands: on an H200 with Triton 3.6 it HUNG. In an
+    # exploration run of tools/qkv_sweep.py (2026-12-03) at 21,904 tokens, the config
+    # 128x128x64, 4 stages, 4 warps, persistent, warp_specialize=True printed nothing
+    # for ~170 s until the run's 180 s timeout (a hang, or a compile of minutes; not
+    # told apart). So no timed list (QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS) holds a
+    # warp-specialized config and the GPU tests do not launch it; it is kept tested on
+    # the CPU only: the interpreter (every path against float64) and an sm_90 compile
+    # (QKV_WARP_SPECIALIZED_CONFIGS: producer warp group present, no spills).
     warp_specialize: bool = False
 
     def __post_init__(self):
@@ -702,40 +719,48 @@ class QKVGemmConfig:
 
 
 # Candidates notebook 05_qkv_gemm times beside the default on a GPU (its sweep records
-# every one; the headline rows use the fastest of the same run), at most six (each
-# costs compiles and time in every GPU run). The default (the measured best) and what
-# might beat it on Kimi's short K (1152 = 18 steps of 64, so the epilogue is a large
-# share of a tile and wants to overlap another tile's mainloop): the persistent grid
-# (the next tile's loads during this epilogue); 4 stages (196 KB of shared memory at
-# sm_90); 128x128 tiles with one warp group (98 KB, 166 registers at sm_90: two
-# programs per SM, one's epilogue under the other's mainloop); 256x128 tiles (no pair
-# padding for Kimi); the warp-specialized kernel at 128x128 (a TMA producer warp group
-# and two consumer warp groups; at 128x256 its epilogue spills at sm_90). block_n and
-# heads_per_tile become the layout of least padding at that width (``with_layout``).
+# every one; the headline rows use the fastest of the same run), at most five: each
+# costs compiles and time at three token counts in every GPU run. The default (persistent
+# 128x256x64, 3 stages, 8 warps) and what might beat it on Kimi's short K (1152 = 18
+# steps of 64, so the epilogue is a large share of a tile and wants to overlap another
+# tile's mainloop): the same config one program per tile (the former default: the
+# persistent grid's gain is one exploration run's); the persistent grid with the
+# epilogue subtiled (two halves of the tile's heads, fewer live registers); 4 stages,
+# one program per tile (196 KB of shared memory at sm_90; persistent it needs 266 KB,
+# more than an H200's 227 KB); 128x128 tiles with one warp group, one program
+# per tile (98 KB, 166 registers at sm_90: two programs per SM, one's epilogue under
+# the other's mainloop). Left out after the H200 exploration run of 2026-12-03 (21,904
+# tokens): 256x128 tiles (1.27x the former default's time) and every warp-specialized
+# config (it hung: see QKVGemmConfig.warp_specialize). block_n and heads_per_tile
+# become the layout of least padding at that width (``with_layout``).
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
-    QKVGemmConfig(persistent=True),
-    QKVGemmConfig(num_stages=4),
-    QKVGemmConfig(block_n=128, num_warps=4),
-    QKVGemmConfig(block_m=256, block_n=128),
-    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4, persistent=True, warp_specialize=True),
+    QKVGemmConfig(persistent=False),
+    QKVGemmConfig(epilogue_subtile=True),
+    QKVGemmConfig(persistent=False, num_stages=4),
+    QKVGemmConfig(block_n=128, num_warps=4, persistent=False),
 )
 
 # What ``tools/qkv_sweep.py`` times on a GPU: the candidates above and their
-# neighbours (subtiled epilogues, BLOCK_K 128, stages, one warp group at 64x256 and
-# 128x128 with 2 stages: two or three programs per SM). Every entry compiles for
-# sm_90 without spills in tests/test_qkv_gemm.py.
+# neighbours, one program per tile (subtiled epilogue, BLOCK_K 128, one warp
+# group at 128x128 with 4 or 2 stages and at 64x256 with 2 stages: two or three
+# programs per SM). No warp-specialized config (it hung on an H200). Every entry
+# compiles for sm_90 without spills in tests/test_qkv_gemm.py.
 QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
-    QKVGemmConfig(epilogue_subtile=True),
-    QKVGemmConfig(persistent=True, epilogue_subtile=True),
-    QKVGemmConfig(block_k=128, num_stages=2),
-    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4),
-    QKVGemmConfig(block_n=128, num_warps=4, num_stages=2),
-    QKVGemmConfig(block_m=64, num_warps=4, num_stages=2),
-    QKVGemmConfig(block_m=256, block_n=128, num_stages=4),
-    QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True),
-    QKVGemmConfig(block_n=128, block_k=128, num_stages=2, num_warps=4, persistent=True,
-                  warp_specialize=True),
+    QKVGemmConfig(persistent=False, epilogue_subtile=True),
+    QKVGemmConfig(persistent=False, block_k=128, num_stages=2),
+    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=4),
+    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=2),
+    QKVGemmConfig(persistent=False, block_m=64, num_warps=4, num_stages=2),
+)
+
+# The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
+# the producer warp group exists, no spills) and never launched on a GPU: the first of
+# them hung on an H200 (see QKVGemmConfig.warp_specialize).
+QKV_WARP_SPECIALIZED_CONFIGS = (
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4, warp_specialize=True),
+    QKVGemmConfig(block_n=128, num_warps=4, warp_specialize=True),
+    QKVGemmConfig(block_n=128, block_k=128, num_stages=2, num_warps=4, warp_specialize=True),
 )
 
 
@@ -765,7 +790,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2, *, amd: bool | None = None) -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
-    NVIDIA GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best) with the
+    NVIDIA GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best, persistent) with the
     least-padding layout at their N-tile width (``with_layout``), at least 16 bytes
     of each head per tile (the smallest TMA box), as long as that pads the weight by
     at most an eighth more rows than the best 128- or 64-wide layout (Kimi's 16 x 72:
@@ -773,19 +798,22 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     TP 8) the narrower layout with the defaults' other settings. AMD GPUs (``amd``; None: ROCm
     builds of torch): 128-wide N tiles (layout of least padding at 128 or 64) with
     2 stages, so the operand buffers fit the 64 KB of LDS of MI300X/MI250 (the
-    NVIDIA tiles need 96 KB at 2 stages: the compile matrix's shared bytes); not
-    measured on an AMD GPU. The CPU interpreter: small tiles (its cost grows with
-    the tile count and size, not with the GEMM's efficiency)."""
+    NVIDIA tiles need 96 KB at 2 stages: the compile matrix's shared bytes), one
+    program per tile (the persistent grid's gain was measured on an H200 only); not
+    measured on an AMD GPU. The CPU interpreter: small tiles, one program per tile
+    (its cost grows with the tile count and size, not with the GEMM's efficiency;
+    the persistent kernel has its own CPU tests)."""
     if device.type == "cpu":
         block_n, hpt = tile_layout(heads, head_dim, widths=(64,))
         return QKVGemmConfig(block_m=32, block_n=block_n, block_k=32, heads_per_tile=hpt,
-                             group_m=1, num_stages=1, num_warps=4)
+                             group_m=1, num_stages=1, num_warps=4, persistent=False)
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
         block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64),
                                    min_pairs=max(1, 8 // element_size))
-        return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2)
+        return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2,
+                             persistent=False)
     min_pairs = max(1, 8 // element_size)
     wide = with_layout(QKVGemmConfig(), heads, head_dim, element_size)
     block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64), min_pairs=min_pairs)
