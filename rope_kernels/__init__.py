@@ -31,7 +31,7 @@ _EXPORTS = {
     "grid_tokens": "rope_kernels.kernels.freqs",
     "image_patch_grid": "rope_kernels.kernels.freqs",
     "vision_freqs_cis": "rope_kernels.kernels.freqs",
-    "FusedConfig": "rope_kernels.kernels.fused",
+    "RowsConfig": "rope_kernels.kernels.fused",
     "fused_launch_config": "rope_kernels.kernels.fused",
     "fused_qk_rope": "rope_kernels.kernels.fused",
     "qkv_rope_linear": "rope_kernels.kernels.qkv_gemm",

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
-from rope_kernels.kernels.fused import default_triton_kernel, fused_qk_rope
+from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
@@ -249,10 +249,10 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
                 "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor)"),
         Variant("fused", fused_rope, 1, 1,
                 "one Triton launch for q and k, cos/sin read from freqs_cis, out of place",
-                packed_fn=_fused_packed, triton_kernels=(default_triton_kernel(),)),
+                packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
         Variant("fused_inplace", fused_rope_inplace, 1, 1,
                 "the fused kernel writing into xq/xk", inplace=True,
-                packed_fn=_fused_inplace_packed, triton_kernels=(default_triton_kernel(),)),
+                packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
         *_engine_peers(status),
         Variant("vllm_merged_recreated", vllm_merged_recreated_rope, 8, 4,
                 "this project's re-creation of the merged PR path (its own rotary kernel "

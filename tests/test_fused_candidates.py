@@ -1,6 +1,7 @@
-"""The fused kernel's launch candidates (persistent grid, in-kernel angles) against
-float64 on the CPU tier (Triton interpreter, tiny shapes), each with a deliberately
-wrong twin the same check must reject."""
+"""The fused kernel's launch settings and candidates (the default's whole-token rows
+under other settings, the tiles kernel, persistent grid, in-kernel angles, cache hints)
+against float64 on the CPU tier (Triton interpreter, tiny shapes), each with a
+deliberately wrong twin the same check must reject."""
 
 from pathlib import Path
 
@@ -10,10 +11,10 @@ import torch
 from rope_kernels import cos_sin_views, native_rope, rope_reference
 from rope_kernels.correctness import make_inputs
 from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vision_rope_frequencies
-from rope_kernels.kernels.fused import FusedConfig, fused_qk_rope
-from rope_kernels.kernels.fused_candidates import (RowsConfig, fused_qk_rope_angles,
-                                                   fused_qk_rope_persistent, fused_qk_rope_rows,
-                                                   persistent_grid, rows_launch_config)
+from rope_kernels.kernels.fused import RowsConfig, fused_qk_rope, rows_launch_config
+from rope_kernels.kernels.fused_candidates import (TilesConfig, fused_qk_rope_angles,
+                                                   fused_qk_rope_persistent, fused_qk_rope_tiles,
+                                                   persistent_grid)
 
 
 def _err(outs, ref):
@@ -46,7 +47,7 @@ def test_persistent_matches_float64(dtype, heads, head_dim, programs_per_sm, inp
     q0, k0 = inp.xq.clone(), inp.xk.clone()
     v0 = inp.qkv[:, 2].clone()
     cos, sin = cos_sin_views(inp.freqs_cis)
-    cfg = FusedConfig(block_t=2, block_h=1, num_warps=4)  # many tiles for a few programs
+    cfg = TilesConfig(block_t=2, block_h=1, num_warps=4)  # many tiles for a few programs
     outs = fused_qk_rope_persistent(inp.xq, inp.xk, cos, sin, inplace=inplace, config=cfg,
                                     programs_per_sm=programs_per_sm)
     assert _within(outs, q0, k0, inp.freqs_cis)
@@ -66,7 +67,7 @@ def test_persistent_wrong_twin_is_rejected():
 
 
 def test_persistent_grid_is_capped_by_the_tiles():
-    cfg = FusedConfig(block_t=4, block_h=2, num_warps=4)
+    cfg = TilesConfig(block_t=4, block_h=2, num_warps=4)
     assert persistent_grid(5, 4, cfg, 64, "cpu") == (4,)  # 2 token blocks x 2 head blocks
     assert persistent_grid(4000, 4, cfg, 1, "cpu")[0] < 2000
 
@@ -111,11 +112,15 @@ def test_candidates_refuse_bad_inputs_with_one_line():
         fused_qk_rope_angles(inp.xq, inp.xk, coords[:5].contiguous(), freqs)
     with pytest.raises(ValueError, match="head_dim/4"):
         fused_qk_rope_angles(inp.xq, inp.xk, coords, freqs[:-1].contiguous())
-    with pytest.raises(TypeError, match="FusedConfig"):
+    with pytest.raises(TypeError, match="TilesConfig"):
         fused_qk_rope_angles(inp.xq, inp.xk, coords, freqs, config=(1, 2, 4))
+    with pytest.raises(TypeError, match="TilesConfig"):
+        fused_qk_rope_tiles(inp.xq, inp.xk, cos, sin, config=RowsConfig(1, 4))
     xq = inp.xq.clone().requires_grad_()
     with pytest.raises(ValueError, match="autograd"):
         fused_qk_rope_angles(xq, inp.xk, coords, freqs)
+    with pytest.raises(ValueError, match="autograd"):
+        fused_qk_rope_tiles(xq, inp.xk, cos, sin)
 
 
 # -- the sweep times them beside the default; old sweep files migrate ----------------
@@ -130,17 +135,18 @@ def test_sweep_times_the_candidates_beside_the_default(tmp_path):
     default = fused_launch_config(1, 8, 2)
     df = sweep_fused_configs([shape], [default], torch.bfloat16, device="cpu", copy_gbps=1.0,
                              mode="eager", samples=1, progress=False)
-    assert set(df.strategy) == {"grid", "persistent", "angles", "rows", "rows_padded"}
+    assert set(df.strategy) == {"tiles", "persistent", "angles", "rows", "rows_padded"}
     # what fused_qk_rope launches by default, out of place and in place (fused_inplace)
-    assert df.is_default.sum() == 2 and set(df[df.is_default].strategy) == {"grid"}
+    assert df.is_default.sum() == 2 and set(df[df.is_default].strategy) == {"rows"}
+    assert (df[df.is_default].block_t == default.block_t).all()
     assert set(df[df.is_default].in_place) == {False, True}
     assert (df[df.strategy == "persistent"].programs_per_sm > 0).all()
     assert (df[df.strategy != "persistent"].programs_per_sm == 0).all()
-    # in place and out of place for the default kernel and for rows; hints measured on both
-    for strategy in ("grid", "rows", "rows_padded"):
+    # in place and out of place for the default (rows) and the tiles kernel; hints on both
+    for strategy in ("tiles", "rows", "rows_padded"):
         assert set(df[df.strategy == strategy].in_place) == {False, True}, strategy
     hinted = df[df.load_eviction_policy != "none"]
-    assert set(hinted.strategy) == {"grid", "rows"} and set(hinted.in_place) == {False, True}
+    assert set(hinted.strategy) == {"tiles", "rows"} and set(hinted.in_place) == {False, True}
     assert set(df.store_cache_modifier) == {"none", ".cs"}
     assert (df[df.strategy.str.startswith("rows")].block_h == shape.heads).all()
     # one row per key: the candidates differ in what the file's key names
@@ -148,15 +154,16 @@ def test_sweep_times_the_candidates_beside_the_default(tmp_path):
 
     key = [c for c in RESULT_FILES["fused_configs.csv"].key if c != "device_name"]
     assert not df.duplicated(key).any(), df[df.duplicated(key, keep=False)][key]
-    # a sweep file from before the candidates (the committed H200 rows of the default grid
-    # strategy, without the strategy columns) takes these rows: its rows become "grid"
+    # a sweep file from before the candidates (the committed H200 rows of the then default,
+    # the tiles kernel, without the strategy columns) takes these rows: its rows become
+    # "tiles"
     import pandas as pd
 
     committed = Path(__file__).resolve().parents[1] / "data/nvidia-h200/fused_configs.csv"
     target = tmp_path / "fused_configs.csv"
     rows = pd.read_csv(committed, keep_default_na=False)
     if "strategy" in rows:
-        rows = rows[rows.strategy == "grid"].drop(columns=["strategy", "programs_per_sm"])
+        rows = rows[rows.strategy.isin(["grid", "tiles"])].drop(columns=["strategy", "programs_per_sm"])
     for column, plain in (("in_place", False), ("load_eviction_policy", "none"),
                           ("store_cache_modifier", "none")):
         if column in rows:  # a file from after the hint columns: keep its plain grid rows
@@ -167,29 +174,37 @@ def test_sweep_times_the_candidates_beside_the_default(tmp_path):
 
     merged = upsert_csv(target, df.assign(**provenance("cpu")).assign(device_name="cpu-test"))
     old = merged[merged.device_name != "cpu-test"]
-    assert len(old) == before and set(old.strategy) == {"grid"} and (old.programs_per_sm == 0).all()
+    assert len(old) == before and set(old.strategy) == {"tiles"} and (old.programs_per_sm == 0).all()
     assert set(old.in_place) == {False} and set(old.load_eviction_policy) == {"none"}
     assert set(old.store_cache_modifier) == {"none"}
+    # the committed file as it is, where the tiles kernel is still called "grid": those
+    # rows are read as "tiles", so a new sweep's tiles rows replace them (same key)
+    whole = pd.read_csv(committed, keep_default_na=False)
+    target.write_text(committed.read_text())
+    merged = upsert_csv(target, df.assign(**provenance("cpu")).assign(device_name="cpu-test"))
+    old = merged[merged.device_name != "cpu-test"]
+    assert len(old) == len(whole) and "grid" not in set(merged.strategy)
+    assert (old.strategy == "tiles").sum() == whole.strategy.isin(["grid", "tiles"]).sum()
 
 
 def test_candidate_settings_are_checked():
     from rope_kernels.kernels.fused_candidates import FusedCandidate, fused_candidates
 
-    cfg = FusedConfig(1, 16, 4)
+    cfg = TilesConfig(1, 16, 4)
     with pytest.raises(ValueError, match="strategy"):
-        FusedCandidate("tiles", cfg)
+        FusedCandidate("grid", cfg)  # the tiles kernel's name while it was the default
     with pytest.raises(ValueError, match="programs_per_sm"):
         FusedCandidate("angles", cfg, programs_per_sm=4)
     with pytest.raises(ValueError, match="programs_per_sm"):
         FusedCandidate("persistent", cfg)
     with pytest.raises(TypeError, match="RowsConfig"):
         FusedCandidate("rows", cfg)
-    with pytest.raises(TypeError, match="FusedConfig"):
-        FusedCandidate("grid", RowsConfig(1, 4))
+    with pytest.raises(TypeError, match="TilesConfig"):
+        FusedCandidate("tiles", RowsConfig(1, 4))
     with pytest.raises(TypeError, match="in_place"):
-        FusedCandidate("grid", cfg, in_place=1)
+        FusedCandidate("tiles", cfg, in_place=1)
     cands = fused_candidates(16, 72, 2)
-    assert {c.strategy for c in cands} == {"grid", "persistent", "angles", "rows"}
+    assert {c.strategy for c in cands} == {"tiles", "persistent", "angles", "rows"}
     assert len(set(cands)) == len(cands)  # no candidate timed twice
     # the small grid that keeps the sweep within ~1.5x of its time before the rows
     assert all(len(fused_candidates(h, d, 2)) <= 20 for h, d in ((16, 72), (2, 72), (12, 128)))
@@ -198,6 +213,7 @@ def test_candidate_settings_are_checked():
 # -- whole-token rows and cache hints --------------------------------------------------
 ROWS_SHAPES = [(37, 3, 72), (5, 2, 80), (9, 1, 128), (13, 4, 64)]  # odd token counts
 ROWS_CONFIGS = {  # name -> (heads, head_dim) -> RowsConfig
+    "default": lambda h, d: None,  # fused_launch_config: 4 KB tiles
     "1k": lambda h, d: rows_launch_config(h, d, 2, 1024),
     "8k": lambda h, d: rows_launch_config(h, d, 2, 8192),  # many tokens a program, masked tail
     "padded": lambda h, d: rows_launch_config(h, d, 2, padded=True),
@@ -215,8 +231,8 @@ def test_rows_match_float64(shape, config, inplace):
     inp = make_inputs(tokens, heads, head_dim, torch.bfloat16, "cpu", seed=3)
     q0, k0, v0 = inp.xq.clone(), inp.xk.clone(), inp.qkv[:, 2].clone()
     cos, sin = cos_sin_views(inp.freqs_cis)  # interleaved: one contiguous cos|sin fetch
-    outs = fused_qk_rope_rows(inp.xq, inp.xk, cos, sin, inplace=inplace,
-                              config=ROWS_CONFIGS[config](heads, head_dim))
+    outs = fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace=inplace,
+                         config=ROWS_CONFIGS[config](heads, head_dim))
     assert _within(outs, q0, k0, inp.freqs_cis)
     assert torch.equal(inp.qkv[:, 2], v0)
     if inplace:
@@ -235,8 +251,8 @@ def test_rows_general_strides_and_separate_cos_sin(padded):
     assert xq.stride(1) != head_dim
     f = make_inputs(tokens, heads, head_dim, device="cpu").freqs_cis
     cos, sin = f.real.contiguous(), f.imag.contiguous()
-    outs = fused_qk_rope_rows(xq, xk, cos, sin, config=rows_launch_config(heads, head_dim, 4,
-                                                                          padded=padded))
+    outs = fused_qk_rope(xq, xk, cos, sin, config=rows_launch_config(heads, head_dim, 4,
+                                                                     padded=padded))
     assert _within(outs, xq, xk, f)
 
 
@@ -245,36 +261,37 @@ def test_rows_wrong_twins_are_rejected():
     pair index without "mod head_dim/2" would read (each head a pair further on)."""
     inp = make_inputs(37, 3, 72, torch.bfloat16, "cpu", seed=5)
     cos, sin = cos_sin_views(inp.freqs_cis)
-    assert not _within(fused_qk_rope_rows(inp.xq, inp.xk, cos, -sin), inp.xq, inp.xk,
+    assert not _within(fused_qk_rope(inp.xq, inp.xk, cos, -sin), inp.xq, inp.xk,
                        inp.freqs_cis)
     shifted = torch.roll(inp.freqs_cis, 1, dims=1)
-    outs = fused_qk_rope_rows(inp.xq, inp.xk, *cos_sin_views(shifted))
+    outs = fused_qk_rope(inp.xq, inp.xk, *cos_sin_views(shifted))
     assert not _within(outs, inp.xq, inp.xk, inp.freqs_cis)
 
 
 @pytest.mark.parametrize("hints", [("evict_first", ""), ("", ".cs"), ("evict_last", ".cg")])
 @pytest.mark.parametrize("inplace", [False, True])
-def test_cache_hints_on_the_default_kernel_match_float64(hints, inplace):
+def test_the_tiles_kernel_with_cache_hints_matches_float64(hints, inplace):
     inp = make_inputs(37, 3, 72, torch.bfloat16, "cpu", seed=6)
     q0, k0 = inp.xq.clone(), inp.xk.clone()
     cos, sin = cos_sin_views(inp.freqs_cis)
-    outs = fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace=inplace,
-                         config=FusedConfig(2, 1, 4, *hints))
+    outs = fused_qk_rope_tiles(inp.xq, inp.xk, cos, sin, inplace=inplace,
+                               config=TilesConfig(2, 1, 4, *hints))
     assert _within(outs, q0, k0, inp.freqs_cis)
+    if not inplace:  # the wrong twin: the inverse rotation through the same kernel
+        assert not _within(fused_qk_rope_tiles(q0, k0, cos, -sin, config=TilesConfig(2, 1, 4)),
+                           q0, k0, inp.freqs_cis)
 
 
-def test_rows_as_the_default_is_one_line(monkeypatch):
-    """fused.DEFAULT_LAYOUT = "rows" makes fused_qk_rope launch the rows kernel, with
-    out=, in place and autograd (the backward: the inverse rotation)."""
+def test_the_default_launches_the_rows_kernel_with_out_and_autograd():
+    """fused_qk_rope launches the rows kernel (one launch, nothing else), with out= and
+    autograd (the backward: the inverse rotation, the same kernel)."""
     from rope_kernels.bench.launches import count_launches
-    from rope_kernels.kernels import fused
-    from rope_kernels.variants import fused_rope
+    from rope_kernels.variants import fused_rope, fused_rope_inplace
 
-    monkeypatch.setattr(fused, "DEFAULT_LAYOUT", "rows")
     inp = make_inputs(11, 3, 72, torch.float32, "cpu", seed=7)
-    total, per_kernel = count_launches(fused_rope, inp.xq, inp.xk, inp.freqs_cis)
-    assert total == 1 and list(per_kernel) == ["triton:_fused_qk_rope_rows_kernel"]
-    assert fused.default_triton_kernel() == "_fused_qk_rope_rows_kernel"
+    for fn in (fused_rope, fused_rope_inplace):
+        total, per_kernel = count_launches(fn, inp.xq.clone(), inp.xk.clone(), inp.freqs_cis)
+        assert total == 1 and list(per_kernel) == ["triton:_fused_qk_rope_rows_kernel"], fn
     cos, sin = cos_sin_views(inp.freqs_cis)
     ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
     out = (torch.empty_like(inp.xq), torch.empty_like(inp.xk))
@@ -295,18 +312,17 @@ def test_rows_refuse_bad_inputs_with_one_line():
     cos, sin = cos_sin_views(inp.freqs_cis)
     cases = [
         (TypeError, "RowsConfig",
-         lambda: fused_qk_rope_rows(inp.xq, inp.xk, cos, sin, config=FusedConfig(1, 2, 4))),
+         lambda: fused_qk_rope(inp.xq, inp.xk, cos, sin, config=TilesConfig(1, 2, 4))),
         (ValueError, "block_t", lambda: RowsConfig(block_t=3, num_warps=4)),
         (ValueError, "num_warps", lambda: RowsConfig(block_t=1, num_warps=0)),
         (TypeError, "padded", lambda: RowsConfig(1, 4, padded=1)),
         (ValueError, "eviction_policy", lambda: RowsConfig(1, 4, eviction_policy="evict_most")),
-        (ValueError, "store_cache_modifier", lambda: FusedConfig(1, 2, 4, store_cache_modifier="cs")),
+        (ValueError, "store_cache_modifier", lambda: TilesConfig(1, 2, 4, store_cache_modifier="cs")),
         (ValueError, "tile_bytes", lambda: rows_launch_config(2, 72, 2, 0)),
-        (TypeError, "float32", lambda: fused_qk_rope_rows(inp.xq, inp.xk, cos.double(), sin)),
-        (TypeError, "inplace", lambda: fused_qk_rope_rows(inp.xq, inp.xk, cos, sin,
-                                                          inplace="yes")),
-        (ValueError, "autograd", lambda: fused_qk_rope_rows(inp.xq.clone().requires_grad_(),
-                                                            inp.xk, cos, sin)),
+        (TypeError, "float32", lambda: fused_qk_rope(inp.xq, inp.xk, cos.double(), sin)),
+        (TypeError, "inplace", lambda: fused_qk_rope(inp.xq, inp.xk, cos, sin, inplace="yes")),
+        (ValueError, "autograd", lambda: fused_qk_rope(inp.xq.clone().requires_grad_(),
+                                                       inp.xk, cos, sin, inplace=True)),
     ]
     for exc, words, call in cases:
         with pytest.raises(exc, match=words) as err:
@@ -365,13 +381,14 @@ for heads, head_dim in ((16, 72), (2, 72), (4, 80), (3, 128)):
     for cand in fused_candidates(heads, head_dim, 2):
         # in place launches the same kernel with the outputs = the inputs (and meta
         # tensors, which share address 0, fail the in-place overlap check): compiled once
-        if cand.strategy not in ("rows", "grid") or cand.in_place:
+        if cand.strategy not in ("rows", "tiles") or cand.in_place:
             continue
         def launch(t, h, d, dtype, _c=cand):
             q, k, f = _packed_qk(t, h, d, dtype)
             _c(q, k, *cos_sin_views(f))
-        where = (("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_rows_kernel")
-                 if cand.strategy == "rows" else ("rope_kernels.kernels.fused", "_fused_qk_rope_kernel"))
+        where = (("rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel")
+                 if cand.strategy == "rows"
+                 else ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_tiles_kernel"))
         kernel, args, kwargs = recorded_launch(KernelEntry("c", *where, launch), 4099, heads,
                                                head_dim, "bfloat16")
         row = compile_for_target(kernel, args, kwargs, sm90)
@@ -404,9 +421,9 @@ def _ptxas_available() -> bool:
 
 
 def test_rows_and_hints_compile_for_sm90(tmp_path):
-    """Every rows and grid candidate the sweep times (tiles, padded, hints; in place is
-    the same kernel) compiles for sm_90 without spills; the hints reach the PTX; rows of a packed qkv move
-    q/k in 16-byte vectors."""
+    """Every rows and tiles candidate the sweep times (rows tiles, padded, hints; in place
+    is the same kernel) compiles for sm_90 without spills; the hints reach the PTX; rows
+    of a packed qkv move q/k in 16-byte vectors."""
     import json
     import os
     import subprocess
@@ -421,7 +438,7 @@ def test_rows_and_hints_compile_for_sm90(tmp_path):
                           capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {r["strategy"] for r in rows} == {"grid", "rows", "rows_padded"}
+    assert {r["strategy"] for r in rows} == {"tiles", "rows", "rows_padded"}
     assert not [r for r in rows if r["spills"] or not r["registers"]]
     for r in rows:
         assert (r["evict_first_loads"] > 0) == (r["eviction"] == "evict_first"), r

@@ -6,7 +6,7 @@ import torch
 
 from rope_kernels import VARIANTS, cos_sin_views, fused_qk_rope, native_rope, rope_reference
 from rope_kernels.correctness import check_variant, make_inputs
-from rope_kernels.kernels.fused import _fused_qk_rope_kernel
+from rope_kernels.kernels.fused import _fused_qk_rope_rows_kernel
 from rope_kernels.bench.microbench import Shape, make_arg_sets
 from rope_kernels.vocabulary import KNOWN_VARIANTS
 
@@ -45,7 +45,7 @@ def test_int64_offsets_and_huge_grid():
 
 def test_one_compile_serves_every_token_count():
     def n_compiled():
-        caches = getattr(_fused_qk_rope_kernel, "device_caches", None)
+        caches = getattr(_fused_qk_rope_rows_kernel, "device_caches", None)
         if caches is None:
             pytest.skip("this Triton keeps no device_caches")
         return sum(len(c[0]) for c in caches.values())
@@ -217,10 +217,10 @@ def test_fused_candidates_match_float64_at_size(shape, inplace):
         assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, ("persistent", pps)
     q, k = fused_qk_rope_angles(xq.clone(), xk.clone(), coords, freqs, inplace=inplace)
     assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, "angles"
-    # every rows / cache-hint / grid candidate the sweep times, at the study's sizes
+    # every rows / cache-hint / tiles candidate the sweep times, at the study's sizes
     from rope_kernels.kernels.fused_candidates import fused_candidates
 
     for cand in fused_candidates(heads, head_dim, xq.element_size()):
-        if cand.strategy in ("rows", "grid"):
+        if cand.strategy in ("rows", "tiles"):
             q, k = cand(xq.clone(), xk.clone(), *cos_sin_views(freqs_cis))
             assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, cand

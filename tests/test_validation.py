@@ -10,7 +10,7 @@ from rope_kernels import (
     vision_freqs_cis,
     vllm_merged_recreated_rope,
 )
-from rope_kernels.kernels.fused import FusedConfig
+from rope_kernels.kernels.fused import RowsConfig
 from rope_kernels.vocabulary import KNOWN_VARIANTS
 
 
@@ -127,10 +127,10 @@ def test_bad_out_and_config(device):
         fused_qk_rope(xq, xk, c, s, out=(torch.empty(4, 2, 8, device=device), xk.clone()))
     with pytest.raises(TypeError, match="pair"):
         fused_qk_rope(xq, xk, c, s, out=xq)
-    with pytest.raises(TypeError, match="FusedConfig"):
-        fused_qk_rope(xq, xk, c, s, config=(4, 16, 4))
+    with pytest.raises(TypeError, match="RowsConfig"):
+        fused_qk_rope(xq, xk, c, s, config=(4, 4))
     with pytest.raises(ValueError, match="power of two"):
-        FusedConfig(block_t=3, block_h=16, num_warps=4)
+        RowsConfig(block_t=3, num_warps=4)
 
 
 def test_cpu_tensors_without_interpreter_get_a_clear_error(monkeypatch):

@@ -5,8 +5,9 @@ Times, per shape (2, 4 and 16 heads x 72 at 21904 and 87616 tokens; --quick: 219
 only, fewer candidates), with the project's own timing (``bench.microbench.bench_shape``:
 bf16, CUDA graphs, inputs rotated past the L2, shuffled rounds, in-place runs on input
 sets of their own): the default ``fused`` and ``fused_inplace``, each candidate of
-``kernels/fused_candidates.py`` (whole-token rows at 1-8 KB tiles, padded rows, cache
-hints on the default kernel and on rows; out of place and in place) and the peers from
+``kernels/fused_candidates.py`` (whole-token rows at 1-8 KB tiles, padded rows, the
+tiles kernel that was the default before rows, cache hints on rows and on tiles; out of
+place and in place) and the peers from
 the registry, SGLang's Triton ``sglang_vision`` (out of place) and vLLM 0.33's
 ``vllm_packed_qk`` (in place); an absent peer is listed with its reason. Every
 candidate is first checked against float64 at a small shape (a wrong one is dropped
@@ -42,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 from rope_kernels.bench.microbench import Shape, bench_shape  # noqa: E402
 from rope_kernels.bench.timing import copy_bandwidth_gbps  # noqa: E402
 from rope_kernels.correctness import check_variant  # noqa: E402
-from rope_kernels.kernels.fused import FusedConfig, fused_launch_config  # noqa: E402
-from rope_kernels.kernels.fused_candidates import (FusedCandidate,  # noqa: E402
-                                                   rows_launch_config)
+from rope_kernels.kernels.fused import (ROWS_TILE_BYTES, fused_launch_config,  # noqa: E402
+                                        rows_launch_config)
+from rope_kernels.kernels.fused_candidates import (FusedCandidate, TilesConfig,  # noqa: E402
+                                                   tiles_launch_config)
 from rope_kernels.kernels.reference import cos_sin_views  # noqa: E402
 from rope_kernels.provenance import provenance  # noqa: E402
 from rope_kernels.variants import VARIANTS, Variant, absent_reason  # noqa: E402
@@ -54,16 +56,23 @@ PEER_IN_PLACE = "vllm_packed_qk"
 HINTS = {"evict_first": ("evict_first", ""), "cs": ("", ".cs"), "hints": ("evict_first", ".cs")}
 
 
-def _grid(hints="", in_place=False):
+def _default(in_place=False):
     def make(heads, head_dim, size):
-        d = fused_launch_config(heads, head_dim, size)
-        return FusedCandidate("grid", FusedConfig(d.block_t, d.block_h, d.num_warps,
-                                                  *HINTS.get(hints, ("", ""))),
+        return FusedCandidate("rows", fused_launch_config(heads, head_dim, size),
                               in_place=in_place)
     return make
 
 
-def _rows(tile=2048, hints="", padded=False, in_place=False):
+def _tiles(hints="", in_place=False):
+    def make(heads, head_dim, size):
+        d = tiles_launch_config(heads, head_dim, size)
+        return FusedCandidate("tiles", TilesConfig(d.block_t, d.block_h, d.num_warps,
+                                                   *HINTS.get(hints, ("", ""))),
+                              in_place=in_place)
+    return make
+
+
+def _rows(tile=ROWS_TILE_BYTES, hints="", padded=False, in_place=False):
     def make(heads, head_dim, size):
         ev, cm = HINTS.get(hints, ("", ""))
         cfg = rows_launch_config(heads, head_dim, size, tile, eviction_policy=ev,
@@ -74,10 +83,10 @@ def _rows(tile=2048, hints="", padded=False, in_place=False):
 
 # name -> (in --quick, candidate for (heads, head_dim, element size))
 CANDIDATES = {
-    "grid_evict_first": (False, _grid("evict_first")),
-    "grid_cs": (False, _grid("cs")),
-    "grid_hints": (True, _grid("hints")),
-    "grid_hints_inplace": (True, _grid("hints", in_place=True)),
+    "tiles": (True, _tiles()),
+    "tiles_inplace": (True, _tiles(in_place=True)),
+    "tiles_hints": (False, _tiles("hints")),
+    "tiles_hints_inplace": (False, _tiles("hints", in_place=True)),
     "rows_1k": (False, _rows(1024)),
     "rows_2k": (True, _rows(2048)),
     "rows_4k": (True, _rows(4096)),
@@ -139,7 +148,7 @@ def main(argv=None) -> int:
     pd.set_option("display.max_rows", 500)
     print(provenance(), flush=True)
 
-    makers = {"fused": _grid(), "fused_inplace": _grid(in_place=True)}
+    makers = {"fused": _default(), "fused_inplace": _default(in_place=True)}
     variants = [VARIANTS["fused"], VARIANTS["fused_inplace"]]
     for name, (quick, make) in CANDIDATES.items():
         if quick or not args.quick:

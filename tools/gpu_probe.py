@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.provenance import provenance
-from rope_kernels.kernels.fused import FusedConfig, fused_launch_config
+from rope_kernels.kernels.fused import fused_launch_config
 from rope_kernels.bench.microbench import (Shape, fused_config_grid, run_microbench,
                                      sweep_fused_configs)
 from rope_kernels.bench.timing import copy_bandwidth_gbps, time_fn

@@ -103,20 +103,12 @@ def _launch_fused(tokens, heads, head_dim, dtype):
     fused_rope(*_packed_qk(tokens, heads, head_dim, dtype))
 
 
-def _launch_fused_rows(tokens, heads, head_dim, dtype):
-    from rope_kernels.kernels.fused_candidates import fused_qk_rope_rows
+def _launch_fused_tiles(tokens, heads, head_dim, dtype):
+    from rope_kernels.kernels.fused_candidates import fused_qk_rope_tiles
     from rope_kernels.kernels.reference import cos_sin_views
 
     q, k, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
-    fused_qk_rope_rows(q, k, *cos_sin_views(freqs_cis))
-
-
-def _fused_module() -> str:
-    """Where the kernel ``fused_qk_rope`` launches by default lives (fused.DEFAULT_LAYOUT)."""
-    from rope_kernels.kernels import fused
-
-    return "rope_kernels.kernels.fused" if fused.DEFAULT_LAYOUT == "tiles" else \
-        "rope_kernels.kernels.fused_candidates"
+    fused_qk_rope_tiles(q, k, *cos_sin_views(freqs_cis))
 
 
 def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
@@ -184,18 +176,13 @@ def qkv_config_entries(configs) -> tuple[KernelEntry, ...]:
                              heads_by_head_dim=QKV_GEMM_SHAPES) for c in configs)
 
 
-def _default_fused_kernel() -> str:
-    from rope_kernels.kernels.fused import default_triton_kernel
-
-    return default_triton_kernel()
-
-
 KERNELS = (
-    # what fused_qk_rope launches by default (follows fused.DEFAULT_LAYOUT)
-    KernelEntry("fused", _fused_module(), _default_fused_kernel(), _launch_fused),
-    # the whole-token rows candidate (fused_candidates.py) at Kimi's shapes, its own launcher
-    KernelEntry("fused_rows", "rope_kernels.kernels.fused_candidates",
-                "_fused_qk_rope_rows_kernel", _launch_fused_rows, dtypes=("bfloat16",),
+    # what fused_qk_rope launches (whole-token rows, fused_launch_config)
+    KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel",
+                _launch_fused),
+    # the tiles candidate (the earlier default, fused_candidates.py) at Kimi's shapes
+    KernelEntry("fused_tiles", "rope_kernels.kernels.fused_candidates",
+                "_fused_qk_rope_tiles_kernel", _launch_fused_tiles, dtypes=("bfloat16",),
                 heads_by_head_dim={72: (16, 2)}),
     # The merged path upcasts q and k to fp32 before its rotary kernel: fp32 is the
     # only variant it launches, whatever the model's dtype.

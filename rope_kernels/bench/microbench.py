@@ -251,10 +251,11 @@ def run_microbench(
 
 def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
                       tile_bytes=(1024, 16384), warps=(2, 4, 8)) -> list:
-    """Candidate launch settings for the block-size study of one (heads, head_dim):
+    """Tiles-kernel launch settings for the block-size study of one (heads, head_dim):
     heads per program a power of two dividing ``heads`` (the largest three), tokens
     per program so that a tile of q holds ``tile_bytes[0]``..``tile_bytes[1]`` bytes."""
-    from rope_kernels.kernels.fused import FusedConfig, head_dim_chunks
+    from rope_kernels.kernels.fused import head_dim_chunks
+    from rope_kernels.kernels.fused_candidates import TilesConfig
 
     main, rest = head_dim_chunks(head_dim)
     block_hs = [h for h in (16, 8, 4, 2, 1) if heads % h == 0][:3]
@@ -263,7 +264,7 @@ def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
         for bt in (1, 2, 4, 8, 16, 32, 64):
             tile = bt * bh * (main + rest) * element_size
             if tile_bytes[0] <= tile <= tile_bytes[1]:
-                configs += [FusedConfig(block_t=bt, block_h=bh, num_warps=w) for w in warps]
+                configs += [TilesConfig(block_t=bt, block_h=bh, num_warps=w) for w in warps]
     return configs
 
 
@@ -271,13 +272,14 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
                         device, copy_gbps: float, mode: str = "cudagraph",
                         samples: int = 30, progress: bool = True,
                         candidates: bool = True) -> pd.DataFrame:
-    """Time the fused kernel under each launch config: the evidence behind
+    """Time the fused rotation under each launch config: the evidence behind
     ``fused_launch_config``'s heuristic. ``configs`` is a list, or a function
     ``(shape) -> list`` (e.g. ``lambda s: fused_config_grid(s.heads, s.head_dim)``);
-    its items are ``FusedConfig`` (the default strategy, "grid", out of place) or
-    ``FusedCandidate``. With ``candidates`` every shape also gets the launch
-    candidates of ``kernels.fused_candidates.fused_candidates`` (persistent grid,
-    in-kernel angles, whole-token rows, cache hints; some in place).
+    its items are ``RowsConfig`` (the default's kernel, "rows", out of place),
+    ``TilesConfig`` (the tiles candidate, out of place) or ``FusedCandidate``. With
+    ``candidates`` every shape also gets the launch candidates of
+    ``kernels.fused_candidates.fused_candidates`` (rows tiles, the tiles kernel,
+    persistent grid, in-kernel angles, cache hints; some in place).
 
     Rows carry ``strategy``, ``programs_per_sm``, ``in_place``, ``load_eviction_policy``
     and ``store_cache_modifier`` ("none": no hint); ``block_h`` of a rows candidate is
@@ -288,9 +290,10 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     col) per token instead of cos/sin, and their ``gbps`` use the same nominal bytes as
     every row (a time comparison)."""
     from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
-    from rope_kernels.kernels.fused import FusedConfig
-    from rope_kernels.kernels.fused_candidates import (FusedCandidate, fused_candidates,
-                                                       fused_qk_rope_angles, sweep_grid)
+    from rope_kernels.kernels.fused import RowsConfig
+    from rope_kernels.kernels.fused_candidates import (FusedCandidate, TilesConfig,
+                                                       fused_candidates, fused_qk_rope_angles,
+                                                       sweep_grid)
     from rope_kernels.kernels.reference import cos_sin_views
 
     device = torch.device(device)
@@ -299,10 +302,11 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     for s in shapes:
         items = []
         for c in (configs(s) if callable(configs) else configs):
-            if isinstance(c, FusedConfig):
-                c = FusedCandidate("grid", c)
+            if isinstance(c, (RowsConfig, TilesConfig)):
+                c = FusedCandidate("rows" if isinstance(c, RowsConfig) else "tiles", c)
             if not isinstance(c, FusedCandidate):
-                raise TypeError(f"a sweep config must be a FusedConfig or FusedCandidate, got {c!r}")
+                raise TypeError("a sweep config must be a RowsConfig, TilesConfig or "
+                                f"FusedCandidate, got {c!r}")
             if c not in items:
                 items.append(c)
         if candidates:
@@ -361,13 +365,8 @@ NO_CACHE_HINT = "none"
 
 def is_default_launch(candidate, shape: Shape, element_size: int) -> bool:
     """Whether ``candidate`` is what ``fused_qk_rope`` launches by default on ``shape``
-    (``fused.DEFAULT_LAYOUT`` picks the kernel, its launch-config function the settings),
-    in place or not."""
-    from rope_kernels.kernels import fused
-    from rope_kernels.kernels.fused_candidates import rows_launch_config
+    (its kernel, "rows", under ``fused_launch_config``), in place or not."""
+    from rope_kernels.kernels.fused import fused_launch_config
 
-    if fused.DEFAULT_LAYOUT == "rows":
-        return candidate.strategy == "rows" and candidate.config == rows_launch_config(
-            shape.heads, shape.head_dim, element_size)
-    return candidate.strategy == "grid" and candidate.config == fused.fused_launch_config(
+    return candidate.strategy == "rows" and candidate.config == fused_launch_config(
         shape.heads, shape.head_dim, element_size)

@@ -1,24 +1,36 @@
 """One Triton launch that rotates q and k together (interleaved / GPT-J pairs).
 
-Layout. A program owns ``BLOCK_T`` tokens x ``BLOCK_H`` heads x the whole
-head_dim. Triton blocks must be powers of two, so head_dim is covered by at
-most two power-of-two chunks: 72 = 64 + 8, 80 = 64 + 16, 128 = 128 (a second
-chunk that is not a power of two, e.g. 24 of 88, is padded and masked). Every
-lane does useful work for the common head dims, unlike a 128-wide block for 72.
+Layout: whole-token rows. A program owns ``BLOCK_T`` whole tokens: each token's q row
+and k row, every head (``heads * head_dim`` elements, contiguous in a packed qkv: 2304
+bytes each at 16 x 72 bf16). Triton blocks must be powers of two, so a row is covered
+by two power-of-two chunks (16 x 72 = 1152 = 1024 + 128; 2 x 72 = 144 = 128 + 16); a
+second chunk that is not a power of two is padded and masked. A pair's cos/sin is
+fetched by its index within its head ((e % head_dim) / 2), per element in q's own
+layout and split like q, so the values land in their pairs' registers with no layout
+conversion; every head re-reads the token's head_dim/2 values from L1. From a complex
+``freqs_cis`` (cos at even, sin at odd addresses) that is one contiguous vector load.
+q/k strides reach the kernel divided by ``VEC`` (the widest vector that divides every
+stride and base offset), which lets the compiler prove 16-byte alignment and emit
+vector loads even though a 72-element head is not a multiple of 16 elements.
 
-Why this shape (measured on an H200, see notebooks/02_microbench): cos/sin of
-a token are loaded once and broadcast over the program's heads instead of
-gathered per element, and no pair ever crosses a chunk, so splitting pairs
-stays in registers with no shared-memory layout conversion. q/k strides reach
-the kernel divided by ``VEC`` (the widest vector that divides every stride and
-base offset), which lets the compiler prove 16-byte alignment and emit vector
-loads even though a 72-element head is not a multiple of 16 elements.
+Why this layout: an exploration run on the H200, 2026-12-03 (tools/fused_explore.py;
+bf16, CUDA graphs, cold L2, Kimi's 21904 and 87616 tokens x 2, 4 and 16 heads x 72)
+timed it against the earlier default (a program per ``BLOCK_T`` tokens x ``BLOCK_H``
+heads reading a cos/sin table, now the "tiles" candidate in ``fused_candidates.py``),
+one padded block per row and cache hints. Rows of 4 KB (two chunks, no hints) were the
+fastest launch or within 0.6% of it out of place, and within 1% in place, on every
+shape, and 1.05-1.14x faster than the tiles kernel (out of place and in place). The
+committed evidence is the launch-config sweep (``data/<device>/fused_configs.csv``,
+written by ``bench.microbench.sweep_fused_configs``), which times the default beside
+every candidate.
 
 All loads are issued before any store so they overlap in the memory system.
 ``n_tokens`` is not specialised: one compiled kernel serves every token count.
 The grid is one-dimensional (limit 2^31 - 1 programs) and token offsets are
 int64, so any T fits.
 """
+
+from __future__ import annotations
 
 from __future__ import annotations
 
@@ -38,79 +50,116 @@ from rope_kernels.kernels.checks import (
 
 
 @triton.jit
-def _rotate_pairs(x, cos, sin, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                  WIDTH: tl.constexpr):
-    """(x0 + i x1) * (cos + i sin) on every adjacent pair, in fp32."""
-    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, BLOCK_H, WIDTH // 2, 2)))
-    c = cos[:, None, :]  # one value per (token, pair), broadcast over heads
-    s = sin[:, None, :]
-    return tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), (BLOCK_T, BLOCK_H, WIDTH))
+def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
+    """(x0 + i x1) * (cos + i sin) on every adjacent pair of a (BLOCK_T, WIDTH) block,
+    one cos/sin per pair (already gathered per head), in fp32."""
+    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, WIDTH // 2, 2)))
+    return tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_T, WIDTH))
+
+
+@triton.jit
+def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 HEADS_ADJACENT: tl.constexpr):
+    """Offsets of a token's row elements ``e`` (head-major): ``e`` itself when the
+    heads sit next to each other (a packed qkv's q or k), else head * stride + dim."""
+    if HEADS_ADJACENT:
+        return e
+    return (e // HEAD_DIM) * (stride_h * VEC) + e % HEAD_DIM
+
+
+@triton.jit
+def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
+                 BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """cos and sin (BLOCK_T, WIDTH/2) of the pairs of row elements ``e``: the pair's
+    index within its head is (e % HEAD_DIM) / 2, so every head gathers the token's
+    same HEAD_DIM/2 values (L1 hits after the first). Fetched per element in the
+    layout of ``e`` and split like q, so cos/sin land in the registers of their
+    pairs with no layout conversion. INTERLEAVED: cos/sin are the real and imaginary
+    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load."""
+    if INTERLEAVED:
+        cs = tl.load(cos_tok + e % HEAD_DIM, mask=mask, other=0.0)
+        c, s = tl.split(tl.reshape(cs, (BLOCK_T, WIDTH // 2, 2)))
+    else:
+        j = (e % HEAD_DIM) // 2
+        c, _ = tl.split(tl.reshape(tl.load(cos_tok + j * cos_stride_d, mask=mask, other=0.0),
+                                   (BLOCK_T, WIDTH // 2, 2)))
+        s, _ = tl.split(tl.reshape(tl.load(sin_tok + j * sin_stride_d, mask=mask, other=0.0),
+                                   (BLOCK_T, WIDTH // 2, 2)))
+    return c, s
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
-def _fused_qk_rope_kernel(
+def _fused_qk_rope_rows_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
     qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
-    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    MAIN: tl.constexpr,  # largest power of two <= HEAD_DIM
-    REST: tl.constexpr,  # power of two covering HEAD_DIM - MAIN (0 when none)
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    VEC: tl.constexpr,
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,  # token strides in CS_VEC units
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block)
+    REST: tl.constexpr,  # power of two covering the rest of the row (0 when none)
+    BLOCK_T: tl.constexpr, VEC: tl.constexpr,
+    CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
+    HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
+    INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
-    EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none; FusedConfig)
+    EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
 ):
-    N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
-    pid = tl.program_id(0)
-    head_block = pid % N_HEAD_BLOCKS
-    tokens = (pid // N_HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    token_ok = tokens < n_tokens
-    mask = token_ok[:, None, None] & (heads < HEADS)[None, :, None]
-    t3 = tokens[:, None, None]
-    h3 = heads[None, :, None]
-    q_row = q_ptr + t3 * (q_stride_t * VEC) + h3 * (q_stride_h * VEC)
-    k_row = k_ptr + t3 * (k_stride_t * VEC) + h3 * (k_stride_h * VEC)
-    qo_row = q_out_ptr + t3 * (qo_stride_t * VEC) + h3 * (qo_stride_h * VEC)
-    ko_row = k_out_ptr + t3 * (ko_stride_t * VEC) + h3 * (ko_stride_h * VEC)
-    cos_row = cos_ptr + tokens[:, None] * cos_stride_t
-    sin_row = sin_ptr + tokens[:, None] * sin_stride_t
+    """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head)."""
+    ROW: tl.constexpr = HEADS * HEAD_DIM
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = (tokens < n_tokens)[:, None]
+    t2 = tokens[:, None]
+    q_tok = q_ptr + t2 * (q_stride_t * VEC)
+    k_tok = k_ptr + t2 * (k_stride_t * VEC)
+    qo_tok = q_out_ptr + t2 * (qo_stride_t * VEC)
+    ko_tok = k_out_ptr + t2 * (ko_stride_t * VEC)
+    cos_tok = cos_ptr + t2 * (cos_stride_t * CS_VEC)
+    sin_tok = sin_ptr + t2 * (sin_stride_t * CS_VEC)
 
-    d = tl.arange(0, MAIN)[None, None, :]
-    j = tl.arange(0, MAIN // 2)[None, :]
-    q = tl.load(q_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
-    k = tl.load(k_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
-    cos = tl.load(cos_row + j * cos_stride_d, mask=token_ok[:, None], other=0.0)
-    sin = tl.load(sin_row + j * sin_stride_d, mask=token_ok[:, None], other=0.0)
+    # first chunk: row elements [0, MAIN); past the row only when it is one padded block
+    e = tl.arange(0, MAIN)[None, :]
+    if MAIN > ROW:
+        mask = token_ok & (e < ROW)
+    else:
+        mask = token_ok
+    q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                mask=mask, other=0.0, eviction_policy=EVICTION)
+    k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                mask=mask, other=0.0, eviction_policy=EVICTION)
+    cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
+                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
     if INVERSE:
         sin = -sin
     if REST > 0:
-        d2 = MAIN + tl.arange(0, REST)[None, None, :]
-        j2 = MAIN // 2 + tl.arange(0, REST // 2)[None, :]
-        mask2 = mask & (d2 < HEAD_DIM)
-        pair_mask2 = token_ok[:, None] & (j2 < HEAD_DIM // 2)
-        q2 = tl.load(q_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
-        k2 = tl.load(k_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
-        cos2 = tl.load(cos_row + j2 * cos_stride_d, mask=pair_mask2, other=0.0)
-        sin2 = tl.load(sin_row + j2 * sin_stride_d, mask=pair_mask2, other=0.0)
+        e2 = MAIN + tl.arange(0, REST)[None, :]
+        mask2 = token_ok & (e2 < ROW)
+        q2 = tl.load(q_tok + _row_offsets(e2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask2, other=0.0, eviction_policy=EVICTION)
+        k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask2, other=0.0, eviction_policy=EVICTION)
+        cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
+                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
         if INVERSE:
             sin2 = -sin2
 
     out_ty = q_out_ptr.dtype.element_ty
-    tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+    tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+             _rotate_row_pairs(q, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
-    tl.store(ko_row + d, _rotate_pairs(k, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+    tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+             _rotate_row_pairs(k, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     if REST > 0:
-        tl.store(qo_row + d2, _rotate_pairs(q2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
-                 mask=mask2, cache_modifier=STORE_CACHE)
-        tl.store(ko_row + d2, _rotate_pairs(k2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
-                 mask=mask2, cache_modifier=STORE_CACHE)
+        tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                 _rotate_row_pairs(q2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
+                 cache_modifier=STORE_CACHE)
+        tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                 _rotate_row_pairs(k2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
+                 cache_modifier=STORE_CACHE)
+
 
 
 def head_dim_chunks(head_dim: int) -> tuple[int, int]:
@@ -137,71 +186,6 @@ def check_cache_hints(owner: str, eviction_policy, store_cache_modifier) -> None
                          f"got {store_cache_modifier!r}")
 
 
-@dataclass(frozen=True)
-class FusedConfig:
-    """Launch settings of the fused kernel (see ``fused_launch_config``)."""
-
-    block_t: int  # tokens per program
-    block_h: int  # heads per program
-    num_warps: int
-    eviction_policy: str = ""  # of the q/k loads, e.g. "evict_first" (LOAD_EVICTION_POLICIES)
-    store_cache_modifier: str = ""  # of the q/k stores, e.g. ".cs" (STORE_CACHE_MODIFIERS)
-
-    def __post_init__(self):
-        for name in ("block_t", "block_h", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"FusedConfig.{name} must be a positive power of two, got {v!r}")
-        check_cache_hints("FusedConfig", self.eviction_policy, self.store_cache_modifier)
-
-
-# Bytes of q (and as many of k) one program moves. Measured on an H200 (bf16,
-# CUDA graphs, 7 shapes from 256 x 3 x 128 to 65536 x 16 x 72, block_t x
-# block_h x num_warps swept; data/nvidia-h200/fused_configs.csv): the fastest
-# tiles held 1-2 KB of q, about one 16-byte vector per thread, i.e. many small
-# programs rather than few large ones. This rule picks the fastest config on 4
-# of the 7 shapes and is within 1.6% on the others at 8192 tokens and more; at
-# 256 tokens (latency-bound, 2 us) a smaller tile would be 6% faster.
-TILE_BYTES = 2048
-MAX_BLOCK_H = 16
-
-# The kernel ``fused_qk_rope`` launches when no config is given: "tiles" (this file's
-# kernel, BLOCK_T tokens x BLOCK_H heads) or "rows" (``fused_candidates``' whole-token
-# rows, ``rows_launch_config``). Making the rows candidate the default is this one line;
-# ``default_triton_kernel()`` follows it (profiler attribution, the sweep's is_default).
-DEFAULT_LAYOUT = "tiles"
-LAYOUTS = {"tiles": "_fused_qk_rope_kernel", "rows": "_fused_qk_rope_rows_kernel"}
-
-
-def default_triton_kernel() -> str:
-    """Name of the Triton kernel ``fused_qk_rope`` launches by default."""
-    return LAYOUTS[DEFAULT_LAYOUT]
-
-
-def fused_launch_config(heads: int, head_dim: int, element_size: int) -> FusedConfig:
-    """A documented heuristic instead of autotuning: no per-shape benchmarking at
-    first call, and the same config for every token count (so one compile).
-
-    Heads per program: the largest power of two dividing ``heads`` (no masked
-    head lanes; at most 16) whose rows fit in ``TILE_BYTES``. Tokens per
-    program: the largest power of two that keeps the tile within ``TILE_BYTES``.
-    """
-    row_bytes = head_dim * element_size
-    block_h = min(heads & -heads, MAX_BLOCK_H)
-    while block_h > 1 and block_h * row_bytes > TILE_BYTES:
-        block_h //= 2
-    fit = TILE_BYTES // (block_h * row_bytes)
-    block_t = 1 << max(0, fit.bit_length() - 1)
-    # 4 warps is 128 threads on NVIDIA and 256 on AMD's 64-wide wavefronts:
-    # both valid block sizes.
-    return FusedConfig(block_t=block_t, block_h=block_h, num_warps=4)
-
-
-def fused_grid(n_tokens: int, heads: int, config: FusedConfig) -> tuple[int]:
-    """One-dimensional grid: token blocks x head blocks, flattened."""
-    return (triton.cdiv(n_tokens, config.block_t) * triton.cdiv(heads, config.block_h),)
-
-
 def vector_width(tensors, element_size: int) -> int:
     """Widest power-of-two element count (at most 16 bytes) dividing every token
     and head stride and every base offset, so vector loads are provably aligned."""
@@ -214,6 +198,88 @@ def vector_width(tensors, element_size: int) -> int:
     return 1
 
 
+def _strides(xq, xk, q_out, k_out, vec):
+    return (xq.stride(0) // vec, xq.stride(1) // vec, xk.stride(0) // vec, xk.stride(1) // vec,
+            q_out.stride(0) // vec, q_out.stride(1) // vec,
+            k_out.stride(0) // vec, k_out.stride(1) // vec)
+
+
+# Bytes of q (and as many of k) one program moves by default; rows_launch_config
+# rounds down to whole tokens (at least one). 4 KB: the fastest tile or within 0.6% of
+# it on every Kimi shape of the exploration run above (1, 2, 4 and 8 KB timed out of
+# place, 2 and 4 KB in place). The sweep times the same tiles (ROWS_TILE_BYTES_SWEPT).
+ROWS_TILE_BYTES = 4096
+ROWS_TILE_BYTES_SWEPT = (1024, 2048, 4096, 8192)
+ROWS_MAX_WARPS = 8
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """Launch settings of ``fused_qk_rope``'s kernel (see ``fused_launch_config``):
+    whole tokens per program, warps, the q/k cache hints (off by default; the sweep
+    times them) and the padded one-block form (a candidate; two chunks by default)."""
+
+    block_t: int  # whole tokens (every head of q and of k) per program
+    num_warps: int
+    eviction_policy: str = ""
+    store_cache_modifier: str = ""
+    padded: bool = False  # the row as one power-of-two block (masked tail), not two chunks
+
+    def __post_init__(self):
+        for name in ("block_t", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"RowsConfig.{name} must be a positive power of two, got {v!r}")
+        if not isinstance(self.padded, bool):
+            raise TypeError(f"RowsConfig.padded must be a bool, got {self.padded!r}")
+        check_cache_hints("RowsConfig", self.eviction_policy, self.store_cache_modifier)
+
+
+def row_chunks(heads: int, head_dim: int, padded: bool = False) -> tuple[int, int]:
+    """(MAIN, REST) covering a token's ``heads * head_dim`` row: two power-of-two chunks
+    (16 x 72 = 1152 -> 1024 + 128), or one padded block (1152 -> 2048, 0)."""
+    row = heads * head_dim
+    return (1 << (row - 1).bit_length(), 0) if padded else head_dim_chunks(row)
+
+
+def rows_launch_config(heads: int, head_dim: int, element_size: int,
+                       tile_bytes: int = ROWS_TILE_BYTES, *, eviction_policy: str = "",
+                       store_cache_modifier: str = "", padded: bool = False) -> RowsConfig:
+    """Tokens per program: the largest power of two whose q rows fit ``tile_bytes``
+    (at least one token). Warps: about one 16-byte vector of the row's first
+    power-of-two chunk per thread (no thread holds a copy of another's data), 1-8."""
+    for name, v in (("heads", heads), ("head_dim", head_dim), ("element_size", element_size),
+                    ("tile_bytes", tile_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    row_bytes = heads * head_dim * element_size
+    block_t = 1 << max(0, (tile_bytes // row_bytes).bit_length() - 1)
+    main, _ = row_chunks(heads, head_dim, padded)
+    if padded:  # the vectors that hold data
+        main = heads * head_dim
+    vectors = block_t * main * element_size // 16
+    warps = 1 << max(0, (vectors // 32).bit_length() - 1)
+    return RowsConfig(block_t, min(max(warps, 1), ROWS_MAX_WARPS), eviction_policy,
+                      store_cache_modifier, padded)
+
+
+def fused_launch_config(heads: int, head_dim: int, element_size: int) -> RowsConfig:
+    """The launch settings ``fused_qk_rope`` uses when given none: a documented
+    heuristic instead of autotuning (no per-shape benchmarking at first call, and the
+    same config for every token count, so one compile): ``rows_launch_config`` at
+    ``ROWS_TILE_BYTES``, two chunks per row, no cache hints."""
+    return rows_launch_config(heads, head_dim, element_size)
+
+
+def fused_grid(n_tokens: int, config: RowsConfig) -> tuple[int]:
+    """One-dimensional grid: a program per ``config.block_t`` tokens."""
+    return (triton.cdiv(n_tokens, config.block_t),)
+
+
+# The Triton kernel fused_qk_rope launches (profiler attribution, launch counts).
+DEFAULT_TRITON_KERNEL = "_fused_qk_rope_rows_kernel"
+
+
 def fused_qk_rope(
     xq: torch.Tensor,
     xk: torch.Tensor,
@@ -222,7 +288,7 @@ def fused_qk_rope(
     *,
     inplace: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    config: FusedConfig | None = None,
+    config: RowsConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k by (cos, sin) in one Triton launch, fp32 math.
 
@@ -248,8 +314,8 @@ def fused_qk_rope(
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     if inplace and out is not None:
         raise ValueError("give either inplace=True or out=..., not both")
-    if config is not None and not isinstance(config, FusedConfig):
-        raise TypeError(f"config must be a FusedConfig, got {type(config).__name__}")
+    if config is not None and not isinstance(config, RowsConfig):
+        raise TypeError(f"config must be a RowsConfig, got {type(config).__name__}")
     needs_grad = torch.is_grad_enabled() and (xq.requires_grad or xk.requires_grad)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise ValueError("fused_qk_rope does not differentiate with respect to cos/sin; "
@@ -306,39 +372,31 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         return gq, gk, None, None, None
 
 
-def _launch(xq, xk, q_out, k_out, cos, sin, config: FusedConfig | None, *,
-            inverse: bool) -> None:
+def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
+                inverse: bool = False) -> None:
+    """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch)."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
         return
     check_triton_device(xq, "fused_qk_rope")
-    if config is None and DEFAULT_LAYOUT == "rows":
-        from rope_kernels.kernels.fused_candidates import launch_rows
-
-        launch_rows(xq, xk, q_out, k_out, cos, sin, None, inverse=inverse)
-        return
     if config is None:
-        config = fused_launch_config(heads, head_dim, xq.element_size())
-    main, rest = head_dim_chunks(head_dim)
+        config = rows_launch_config(heads, head_dim, xq.element_size())
+    main, rest = row_chunks(heads, head_dim, config.padded)
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    _fused_qk_rope_kernel[fused_grid(tokens, heads, config)](
-        xq, xk, q_out, k_out, cos, sin,
-        tokens,
-        xq.stride(0) // vec, xq.stride(1) // vec, xk.stride(0) // vec, xk.stride(1) // vec,
-        q_out.stride(0) // vec, q_out.stride(1) // vec,
-        k_out.stride(0) // vec, k_out.stride(1) // vec,
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        HEADS=heads,
-        HEAD_DIM=head_dim,
-        MAIN=main,
-        REST=rest,
-        BLOCK_T=config.block_t,
-        BLOCK_H=config.block_h,
-        VEC=vec,
-        INVERSE=inverse,
+    adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
+    interleaved = (sin.data_ptr() == cos.data_ptr() + 4 and cos.stride() == sin.stride()
+                   and cos.stride(1) == 2)
+    cs_vec = 4
+    while cs_vec > 1 and (cos.stride(0) % cs_vec or sin.stride(0) % cs_vec
+                          or cos.data_ptr() % (4 * cs_vec)):
+        cs_vec //= 2
+    _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
+        xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
+        cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
+        HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
+        CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse,
         EVICTION=config.eviction_policy,
-        STORE_CACHE=config.store_cache_modifier,
-        num_warps=config.num_warps,
+        STORE_CACHE=config.store_cache_modifier, num_warps=config.num_warps,
     )
 
 

@@ -1,13 +1,14 @@
 """Launch strategies of the fused q/k rotation, measured beside the default.
 
-``fused_qk_rope`` (``fused.py``) launches one program per tile of ``BLOCK_T`` tokens x
-``BLOCK_H`` heads and reads cos/sin from a table. At Kimi's shapes it reaches 80-88% of
-the H200's copy ceiling while an SM copy of the same bytes reaches 91-97%
-(STUDY_FACTS, "Copy references"); no tile size or warp count in the committed sweep
-(``data/nvidia-h200/fused_configs.csv``) closes that gap. Ideas worth a measurement,
-kept as separate kernels side by side (as Triton's persistent-matmul tutorial keeps its
-variants) so each shows what it buys:
+``fused_qk_rope`` (``fused.py``) launches one program per ``BLOCK_T`` whole tokens
+(every head of q and of k; ``RowsConfig``, ``fused_launch_config``). The candidates
+below are kept as separate kernels side by side (as Triton's persistent-matmul
+tutorial keeps its variants) so each shows what it buys against it:
 
+- **tiles** (``fused_qk_rope_tiles``): the earlier default. A program owns ``BLOCK_T``
+  tokens x ``BLOCK_H`` heads x the whole head_dim, covered by at most two
+  power-of-two chunks (72 = 64 + 8); cos/sin of a token are loaded once from the table
+  and broadcast over the program's heads. ``TilesConfig``, ``tiles_launch_config``.
 - **persistent** (``fused_qk_rope_persistent``): ``programs_per_sm`` x SMs programs
   loop over the same tiles (``tl.range`` with ``num_stages``, so the compiler may
   prefetch the next tile's q/k while this one is rotated and stored). At 87,616 x 16
@@ -19,28 +20,20 @@ variants) so each shows what it buys:
   9504 bytes a token at 16 heads), and no table to build. The angle is the table's
   own fp32 product ``position * f_i`` (``vision_rope_frequencies``), so cos/sin
   differ from the table's only by the sine/cosine implementation.
-- **rows** (``fused_qk_rope_rows``): a program owns ``BLOCK_T`` whole tokens, each
-  token's q row and k row (every head: ``heads * head_dim`` contiguous elements in a
-  packed qkv, 2304 bytes each at 16 x 72) covered by two power-of-two chunks
-  (1152 = 1024 + 128) or one padded block (``RowsConfig.padded``: 2048, tail masked).
-  A pair's cos/sin is fetched by its index within its head ((e % head_dim) / 2): every
-  head re-reads the token's 36 values from L1. Fetched per element in q's own layout
-  and split like q, so the values land in their pairs' registers with no layout
-  conversion; from a complex ``freqs_cis`` (cos at even, sin at odd addresses) that is
-  one contiguous vector load. Compiled for sm_90 (Triton 3.6): q/k and cos|sin in
-  16-byte vectors, no shared memory for the padded block (the two-chunk form's
+- **rows** other than the default's: tiles of 1-8 KB (``rows_launch_config``'s
+  ``tile_bytes``) and one padded block per row (``RowsConfig.padded``: 16 x 72 = 1152
+  -> 2048, tail masked). Compiled for sm_90 (Triton 3.6): q/k and cos|sin in 16-byte
+  vectors, no shared memory for the padded block (the default's two-chunk form's
   128-element tail goes one element per thread and through 512 bytes of shared memory
-  at 16 x 72). Tile size (bytes of q a program moves, 1-8 KB) is
-  ``rows_launch_config``'s parameter. Switching ``fused_qk_rope`` to it is one line:
-  ``fused.DEFAULT_LAYOUT = "rows"``.
-- **cache hints** (``FusedConfig`` / ``RowsConfig`` ``eviction_policy`` and
+  at 16 x 72). Run through ``fused_qk_rope(..., config=RowsConfig(...))``.
+- **cache hints** (``TilesConfig`` / ``RowsConfig`` ``eviction_policy`` and
   ``store_cache_modifier``): q/k are read once and written once, so loads may be
   marked ``evict_first`` and stores streamed (``.cs``) to spare the L2 for what is
   re-read (cos/sin). Measured, not assumed: off by default.
 
 None records autograd (the default's backward runs the default kernel). None is the
 default: ``bench.microbench.sweep_fused_configs`` times them beside it, out of place and
-(grid, rows) in place (columns ``strategy``, ``programs_per_sm``, ``in_place``,
+(tiles, rows) in place (columns ``strategy``, ``programs_per_sm``, ``in_place``,
 ``load_eviction_policy``, ``store_cache_modifier``), and the default changes only if
 committed measurements say so (``tools/fused_explore.py`` is the quick look).
 """
@@ -55,14 +48,94 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_cos_sin, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import (FusedConfig, _rotate_pairs, check_cache_hints,
-                                        fused_launch_config, head_dim_chunks, vector_width)
+from rope_kernels.kernels.fused import (RowsConfig, _strides, check_cache_hints, fused_qk_rope,
+                                        fused_launch_config, head_dim_chunks, rows_launch_config,
+                                        vector_width)
 
-# "grid": fused_qk_rope's own kernel (fused.py) under a given FusedConfig (with cache
-# hints, or in place); "rows": fused_qk_rope_rows ("rows_padded" in the sweep's rows when
-# the row is one padded block).
-STRATEGIES = ("grid", "persistent", "angles", "rows")
+# "rows": fused_qk_rope's own kernel (fused.py) under a given RowsConfig ("rows_padded" in
+# the sweep's rows when the row is one padded block); "tiles": fused_qk_rope_tiles, the
+# earlier default, under a TilesConfig (with cache hints, or in place).
+STRATEGIES = ("tiles", "persistent", "angles", "rows")
 CPU_PROGRAMS_PER_SM_UNIT = 2  # the interpreter has no SMs: a persistent grid of 2 x pps
+
+@triton.jit(do_not_specialize=["n_tokens"])
+def _fused_qk_rope_tiles_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_tokens,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
+    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MAIN: tl.constexpr,  # largest power of two <= HEAD_DIM
+    REST: tl.constexpr,  # power of two covering HEAD_DIM - MAIN (0 when none)
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    VEC: tl.constexpr,
+    INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
+    EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none; TilesConfig)
+    STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
+):
+    """A program rotates BLOCK_T tokens x BLOCK_H heads of q and of k."""
+    N_HEAD_BLOCKS: tl.constexpr = (HEADS + BLOCK_H - 1) // BLOCK_H
+    pid = tl.program_id(0)
+    head_block = pid % N_HEAD_BLOCKS
+    tokens = (pid // N_HEAD_BLOCKS).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    token_ok = tokens < n_tokens
+    mask = token_ok[:, None, None] & (heads < HEADS)[None, :, None]
+    t3 = tokens[:, None, None]
+    h3 = heads[None, :, None]
+    q_row = q_ptr + t3 * (q_stride_t * VEC) + h3 * (q_stride_h * VEC)
+    k_row = k_ptr + t3 * (k_stride_t * VEC) + h3 * (k_stride_h * VEC)
+    qo_row = q_out_ptr + t3 * (qo_stride_t * VEC) + h3 * (qo_stride_h * VEC)
+    ko_row = k_out_ptr + t3 * (ko_stride_t * VEC) + h3 * (ko_stride_h * VEC)
+    cos_row = cos_ptr + tokens[:, None] * cos_stride_t
+    sin_row = sin_ptr + tokens[:, None] * sin_stride_t
+
+    d = tl.arange(0, MAIN)[None, None, :]
+    j = tl.arange(0, MAIN // 2)[None, :]
+    q = tl.load(q_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
+    k = tl.load(k_row + d, mask=mask, other=0.0, eviction_policy=EVICTION)
+    cos = tl.load(cos_row + j * cos_stride_d, mask=token_ok[:, None], other=0.0)
+    sin = tl.load(sin_row + j * sin_stride_d, mask=token_ok[:, None], other=0.0)
+    if INVERSE:
+        sin = -sin
+    if REST > 0:
+        d2 = MAIN + tl.arange(0, REST)[None, None, :]
+        j2 = MAIN // 2 + tl.arange(0, REST // 2)[None, :]
+        mask2 = mask & (d2 < HEAD_DIM)
+        pair_mask2 = token_ok[:, None] & (j2 < HEAD_DIM // 2)
+        q2 = tl.load(q_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
+        k2 = tl.load(k_row + d2, mask=mask2, other=0.0, eviction_policy=EVICTION)
+        cos2 = tl.load(cos_row + j2 * cos_stride_d, mask=pair_mask2, other=0.0)
+        sin2 = tl.load(sin_row + j2 * sin_stride_d, mask=pair_mask2, other=0.0)
+        if INVERSE:
+            sin2 = -sin2
+
+    out_ty = q_out_ptr.dtype.element_ty
+    tl.store(qo_row + d, _rotate_pairs(q, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
+    tl.store(ko_row + d, _rotate_pairs(k, cos, sin, BLOCK_T, BLOCK_H, MAIN).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
+    if REST > 0:
+        tl.store(qo_row + d2, _rotate_pairs(q2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
+                 mask=mask2, cache_modifier=STORE_CACHE)
+        tl.store(ko_row + d2, _rotate_pairs(k2, cos2, sin2, BLOCK_T, BLOCK_H, REST).to(out_ty),
+                 mask=mask2, cache_modifier=STORE_CACHE)
+
+
+@triton.jit
+def _rotate_pairs(x, cos, sin, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                  WIDTH: tl.constexpr):
+    """(x0 + i x1) * (cos + i sin) on every adjacent pair, in fp32."""
+    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, BLOCK_H, WIDTH // 2, 2)))
+    c = cos[:, None, :]  # one value per (token, pair), broadcast over heads
+    s = sin[:, None, :]
+    return tl.reshape(tl.join(x0 * c - x1 * s, x0 * s + x1 * c), (BLOCK_T, BLOCK_H, WIDTH))
+
+
+
 
 
 @triton.jit
@@ -175,116 +248,58 @@ def _fused_qk_rope_angles_kernel(
                HEADS, HEAD_DIM, MAIN, REST, BLOCK_T, BLOCK_H, VEC, True)
 
 
-@triton.jit
-def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
-    """(x0 + i x1) * (cos + i sin) on every adjacent pair of a (BLOCK_T, WIDTH) block,
-    one cos/sin per pair (already gathered per head), in fp32."""
-    x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, WIDTH // 2, 2)))
-    return tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_T, WIDTH))
+@dataclass(frozen=True)
+class TilesConfig:
+    """Launch settings of the tiles kernel (see ``tiles_launch_config``)."""
+
+    block_t: int  # tokens per program
+    block_h: int  # heads per program
+    num_warps: int
+    eviction_policy: str = ""  # of the q/k loads, e.g. "evict_first" (LOAD_EVICTION_POLICIES)
+    store_cache_modifier: str = ""  # of the q/k stores, e.g. ".cs" (STORE_CACHE_MODIFIERS)
+
+    def __post_init__(self):
+        for name in ("block_t", "block_h", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"TilesConfig.{name} must be a positive power of two, got {v!r}")
+        check_cache_hints("TilesConfig", self.eviction_policy, self.store_cache_modifier)
 
 
-@triton.jit
-def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 HEADS_ADJACENT: tl.constexpr):
-    """Offsets of a token's row elements ``e`` (head-major): ``e`` itself when the
-    heads sit next to each other (a packed qkv's q or k), else head * stride + dim."""
-    if HEADS_ADJACENT:
-        return e
-    return (e // HEAD_DIM) * (stride_h * VEC) + e % HEAD_DIM
+
+# Bytes of q (and as many of k) one tiles program moves. Measured on an H200 (bf16,
+# CUDA graphs, 7 shapes from 256 x 3 x 128 to 65536 x 16 x 72, block_t x
+# block_h x num_warps swept; data/nvidia-h200/fused_configs.csv): the fastest
+# tiles held 1-2 KB of q, about one 16-byte vector per thread, i.e. many small
+# programs rather than few large ones. This rule picks the fastest config on 4
+# of the 7 shapes and is within 1.6% on the others at 8192 tokens and more; at
+# 256 tokens (latency-bound, 2 us) a smaller tile would be 6% faster.
+TILE_BYTES = 2048
+MAX_BLOCK_H = 16
 
 
-@triton.jit
-def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                 BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
-    """cos and sin (BLOCK_T, WIDTH/2) of the pairs of row elements ``e``: the pair's
-    index within its head is (e % HEAD_DIM) / 2, so every head gathers the token's
-    same HEAD_DIM/2 values (L1 hits after the first). Fetched per element in the
-    layout of ``e`` and split like q, so cos/sin land in the registers of their
-    pairs with no layout conversion. INTERLEAVED: cos/sin are the real and imaginary
-    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load."""
-    if INTERLEAVED:
-        cs = tl.load(cos_tok + e % HEAD_DIM, mask=mask, other=0.0)
-        c, s = tl.split(tl.reshape(cs, (BLOCK_T, WIDTH // 2, 2)))
-    else:
-        j = (e % HEAD_DIM) // 2
-        c, _ = tl.split(tl.reshape(tl.load(cos_tok + j * cos_stride_d, mask=mask, other=0.0),
-                                   (BLOCK_T, WIDTH // 2, 2)))
-        s, _ = tl.split(tl.reshape(tl.load(sin_tok + j * sin_stride_d, mask=mask, other=0.0),
-                                   (BLOCK_T, WIDTH // 2, 2)))
-    return c, s
+def tiles_launch_config(heads: int, head_dim: int, element_size: int) -> TilesConfig:
+    """The tiles kernel's heuristic (the default's before the rows layout): the same
+    config for every token count (so one compile).
+
+    Heads per program: the largest power of two dividing ``heads`` (no masked
+    head lanes; at most 16) whose rows fit in ``TILE_BYTES``. Tokens per
+    program: the largest power of two that keeps the tile within ``TILE_BYTES``.
+    """
+    row_bytes = head_dim * element_size
+    block_h = min(heads & -heads, MAX_BLOCK_H)
+    while block_h > 1 and block_h * row_bytes > TILE_BYTES:
+        block_h //= 2
+    fit = TILE_BYTES // (block_h * row_bytes)
+    block_t = 1 << max(0, fit.bit_length() - 1)
+    # 4 warps is 128 threads on NVIDIA and 256 on AMD's 64-wide wavefronts:
+    # both valid block sizes.
+    return TilesConfig(block_t=block_t, block_h=block_h, num_warps=4)
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def _fused_qk_rope_rows_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
-    n_tokens,
-    q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
-    qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
-    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,  # token strides in CS_VEC units
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block)
-    REST: tl.constexpr,  # power of two covering the rest of the row (0 when none)
-    BLOCK_T: tl.constexpr, VEC: tl.constexpr,
-    CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
-    HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
-    INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
-    INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
-    EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
-    STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
-):
-    """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head)."""
-    ROW: tl.constexpr = HEADS * HEAD_DIM
-    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = (tokens < n_tokens)[:, None]
-    t2 = tokens[:, None]
-    q_tok = q_ptr + t2 * (q_stride_t * VEC)
-    k_tok = k_ptr + t2 * (k_stride_t * VEC)
-    qo_tok = q_out_ptr + t2 * (qo_stride_t * VEC)
-    ko_tok = k_out_ptr + t2 * (ko_stride_t * VEC)
-    cos_tok = cos_ptr + t2 * (cos_stride_t * CS_VEC)
-    sin_tok = sin_ptr + t2 * (sin_stride_t * CS_VEC)
-
-    # first chunk: row elements [0, MAIN); past the row only when it is one padded block
-    e = tl.arange(0, MAIN)[None, :]
-    if MAIN > ROW:
-        mask = token_ok & (e < ROW)
-    else:
-        mask = token_ok
-    q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                mask=mask, other=0.0, eviction_policy=EVICTION)
-    k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                mask=mask, other=0.0, eviction_policy=EVICTION)
-    cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
-    if INVERSE:
-        sin = -sin
-    if REST > 0:
-        e2 = MAIN + tl.arange(0, REST)[None, :]
-        mask2 = token_ok & (e2 < ROW)
-        q2 = tl.load(q_tok + _row_offsets(e2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask2, other=0.0, eviction_policy=EVICTION)
-        k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask2, other=0.0, eviction_policy=EVICTION)
-        cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
-                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
-        if INVERSE:
-            sin2 = -sin2
-
-    out_ty = q_out_ptr.dtype.element_ty
-    tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _rotate_row_pairs(q, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
-             cache_modifier=STORE_CACHE)
-    tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _rotate_row_pairs(k, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
-             cache_modifier=STORE_CACHE)
-    if REST > 0:
-        tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _rotate_row_pairs(q2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
-                 cache_modifier=STORE_CACHE)
-        tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _rotate_row_pairs(k2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
-                 cache_modifier=STORE_CACHE)
+def tiles_grid(n_tokens: int, heads: int, config: TilesConfig) -> tuple[int]:
+    """One-dimensional grid: token blocks x head blocks, flattened."""
+    return (triton.cdiv(n_tokens, config.block_t) * triton.cdiv(heads, config.block_h),)
 
 
 # -- launchers -----------------------------------------------------------------------
@@ -304,16 +319,37 @@ def _outputs(xq, xk, inplace: bool, who: str):
 
 def _config(xq, config):
     if config is None:
-        return fused_launch_config(xq.shape[1], xq.shape[2], xq.element_size())
-    if not isinstance(config, FusedConfig):
-        raise TypeError(f"config must be a FusedConfig, got {type(config).__name__}")
+        return tiles_launch_config(xq.shape[1], xq.shape[2], xq.element_size())
+    if not isinstance(config, TilesConfig):
+        raise TypeError(f"config must be a TilesConfig, got {type(config).__name__}")
     return config
 
 
-def _strides(xq, xk, q_out, k_out, vec):
-    return (xq.stride(0) // vec, xq.stride(1) // vec, xk.stride(0) // vec, xk.stride(1) // vec,
-            q_out.stride(0) // vec, q_out.stride(1) // vec,
-            k_out.stride(0) // vec, k_out.stride(1) // vec)
+def fused_qk_rope_tiles(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, *, inplace: bool = False,
+                        config: TilesConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiles kernel: a program per ``config.block_t`` tokens x ``config.block_h``
+    heads (``tiles_launch_config`` by default). Same arguments and result as
+    ``fused_qk_rope`` (no autograd, no ``out=``)."""
+    check_qk(xq, xk)
+    check_cos_sin(cos, sin, xq)
+    config = _config(xq, config)
+    q_out, k_out = _outputs(xq, xk, inplace, "fused_qk_rope_tiles")
+    tokens, heads, head_dim = xq.shape
+    if tokens == 0 or heads == 0:
+        return q_out, k_out
+    check_triton_device(xq, "fused_qk_rope_tiles")
+    main, rest = head_dim_chunks(head_dim)
+    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    _fused_qk_rope_tiles_kernel[tiles_grid(tokens, heads, config)](
+        xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
+        BLOCK_H=config.block_h, VEC=vec, EVICTION=config.eviction_policy,
+        STORE_CACHE=config.store_cache_modifier, num_warps=config.num_warps,
+    )
+    return q_out, k_out
+
 
 
 def sm_count(device) -> int:
@@ -325,7 +361,7 @@ def sm_count(device) -> int:
     return CPU_PROGRAMS_PER_SM_UNIT
 
 
-def persistent_grid(n_tokens: int, heads: int, config: FusedConfig, programs_per_sm: int,
+def persistent_grid(n_tokens: int, heads: int, config: TilesConfig, programs_per_sm: int,
                     device) -> tuple[int]:
     tiles = triton.cdiv(n_tokens, config.block_t) * triton.cdiv(heads, config.block_h)
     return (max(1, min(tiles, programs_per_sm * sm_count(device))),)
@@ -333,7 +369,7 @@ def persistent_grid(n_tokens: int, heads: int, config: FusedConfig, programs_per
 
 def fused_qk_rope_persistent(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
                              sin: torch.Tensor, *, inplace: bool = False,
-                             config: FusedConfig | None = None, programs_per_sm: int = 4,
+                             config: TilesConfig | None = None, programs_per_sm: int = 4,
                              num_stages: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """``fused_qk_rope`` on a persistent grid: ``programs_per_sm`` x SMs programs, each
     looping over the default's tiles. Same arguments and result as ``fused_qk_rope``
@@ -382,7 +418,7 @@ def _check_coords_freqs(coords, freqs, xq) -> None:
 
 def fused_qk_rope_angles(xq: torch.Tensor, xk: torch.Tensor, coords: torch.Tensor,
                          freqs: torch.Tensor, *, inplace: bool = False,
-                         config: FusedConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         config: TilesConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Kimi's 2D rotation with the angles computed in the kernel.
 
     Args:
@@ -410,104 +446,9 @@ def fused_qk_rope_angles(xq: torch.Tensor, xk: torch.Tensor, coords: torch.Tenso
     return q_out, k_out
 
 
-# -- whole-token rows ----------------------------------------------------------------
-# Bytes of q (and as many of k) one rows program moves by default; rows_launch_config
-# rounds down to whole tokens (at least one). The sweep times 1, 2, 4 and 8 KB.
-ROWS_TILE_BYTES = 2048
+# Tiles (bytes of q a rows program moves) the sweep times beside the default's
+# (fused.ROWS_TILE_BYTES).
 ROWS_TILE_BYTES_SWEPT = (1024, 2048, 4096, 8192)
-ROWS_MAX_WARPS = 8
-
-
-@dataclass(frozen=True)
-class RowsConfig:
-    """Launch settings of the rows candidate: whole tokens per program, warps, and the
-    q/k cache hints (as ``FusedConfig``'s)."""
-
-    block_t: int  # whole tokens (every head of q and of k) per program
-    num_warps: int
-    eviction_policy: str = ""
-    store_cache_modifier: str = ""
-    padded: bool = False  # the row as one power-of-two block (masked tail), not two chunks
-
-    def __post_init__(self):
-        for name in ("block_t", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"RowsConfig.{name} must be a positive power of two, got {v!r}")
-        if not isinstance(self.padded, bool):
-            raise TypeError(f"RowsConfig.padded must be a bool, got {self.padded!r}")
-        check_cache_hints("RowsConfig", self.eviction_policy, self.store_cache_modifier)
-
-
-def row_chunks(heads: int, head_dim: int, padded: bool = False) -> tuple[int, int]:
-    """(MAIN, REST) covering a token's ``heads * head_dim`` row: two power-of-two chunks
-    (16 x 72 = 1152 -> 1024 + 128), or one padded block (1152 -> 2048, 0)."""
-    row = heads * head_dim
-    return (1 << (row - 1).bit_length(), 0) if padded else head_dim_chunks(row)
-
-
-def rows_launch_config(heads: int, head_dim: int, element_size: int,
-                       tile_bytes: int = ROWS_TILE_BYTES, *, eviction_policy: str = "",
-                       store_cache_modifier: str = "", padded: bool = False) -> RowsConfig:
-    """Tokens per program: the largest power of two whose q rows fit ``tile_bytes``
-    (at least one token). Warps: about one 16-byte vector of the row's first
-    power-of-two chunk per thread (no thread holds a copy of another's data), 1-8."""
-    for name, v in (("heads", heads), ("head_dim", head_dim), ("element_size", element_size),
-                    ("tile_bytes", tile_bytes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    row_bytes = heads * head_dim * element_size
-    block_t = 1 << max(0, (tile_bytes // row_bytes).bit_length() - 1)
-    main, _ = row_chunks(heads, head_dim, padded)
-    if padded:  # the vectors that hold data
-        main = heads * head_dim
-    vectors = block_t * main * element_size // 16
-    warps = 1 << max(0, (vectors // 32).bit_length() - 1)
-    return RowsConfig(block_t, min(max(warps, 1), ROWS_MAX_WARPS), eviction_policy,
-                      store_cache_modifier, padded)
-
-
-def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-                inverse: bool = False) -> None:
-    """Launch the rows kernel on checked tensors (``fused_qk_rope_rows``; also
-    ``fused_qk_rope``'s launch when ``fused.DEFAULT_LAYOUT`` is "rows")."""
-    tokens, heads, head_dim = xq.shape
-    if tokens == 0 or heads == 0:
-        return
-    check_triton_device(xq, "fused_qk_rope_rows")
-    if config is None:
-        config = rows_launch_config(heads, head_dim, xq.element_size())
-    main, rest = row_chunks(heads, head_dim, config.padded)
-    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-    interleaved = (sin.data_ptr() == cos.data_ptr() + 4 and cos.stride() == sin.stride()
-                   and cos.stride(1) == 2)
-    cs_vec = 4
-    while cs_vec > 1 and (cos.stride(0) % cs_vec or sin.stride(0) % cs_vec
-                          or cos.data_ptr() % (4 * cs_vec)):
-        cs_vec //= 2
-    _fused_qk_rope_rows_kernel[(triton.cdiv(tokens, config.block_t),)](
-        xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
-        cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-        HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
-        CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse, EVICTION=config.eviction_policy,
-        STORE_CACHE=config.store_cache_modifier, num_warps=config.num_warps,
-    )
-
-
-def fused_qk_rope_rows(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, *, inplace: bool = False,
-                       config: RowsConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fused_qk_rope`` with a program per ``config.block_t`` whole tokens (every head
-    of q and of k; ``rows_launch_config`` by default). Same arguments and result as
-    ``fused_qk_rope`` (no autograd)."""
-    check_qk(xq, xk)
-    check_cos_sin(cos, sin, xq)
-    if config is not None and not isinstance(config, RowsConfig):
-        raise TypeError(f"config must be a RowsConfig, got {type(config).__name__}")
-    q_out, k_out = _outputs(xq, xk, inplace, "fused_qk_rope_rows")
-    launch_rows(xq, xk, q_out, k_out, cos, sin, config)
-    return q_out, k_out
 
 
 # -- what the launch-config sweep times beside the default ---------------------------
@@ -517,7 +458,7 @@ class FusedCandidate:
     whether it writes into q/k (``in_place``) or into new tensors."""
 
     strategy: str  # one of STRATEGIES
-    config: FusedConfig | RowsConfig  # RowsConfig for "rows", FusedConfig for the others
+    config: TilesConfig | RowsConfig  # RowsConfig for "rows", TilesConfig for the others
     programs_per_sm: int = 0  # persistent only
     num_stages: int = 2  # persistent only: the tile loop's pipelining depth
     in_place: bool = False
@@ -525,7 +466,7 @@ class FusedCandidate:
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        want = RowsConfig if self.strategy == "rows" else FusedConfig
+        want = RowsConfig if self.strategy == "rows" else TilesConfig
         if not isinstance(self.config, want):
             raise TypeError(f"the {self.strategy} strategy takes a {want.__name__}, "
                             f"got {type(self.config).__name__}")
@@ -543,13 +484,11 @@ class FusedCandidate:
     def __call__(self, xq, xk, cos, sin):
         """Run this candidate on (xq, xk) with cos/sin (not the angles strategy, which
         takes coordinates: ``fused_qk_rope_angles``)."""
-        from rope_kernels.kernels.fused import fused_qk_rope
-
-        if self.strategy == "grid":
-            return fused_qk_rope(xq, xk, cos, sin, inplace=self.in_place, config=self.config)
         if self.strategy == "rows":
-            return fused_qk_rope_rows(xq, xk, cos, sin, inplace=self.in_place,
-                                      config=self.config)
+            return fused_qk_rope(xq, xk, cos, sin, inplace=self.in_place, config=self.config)
+        if self.strategy == "tiles":
+            return fused_qk_rope_tiles(xq, xk, cos, sin, inplace=self.in_place,
+                                       config=self.config)
         if self.strategy == "persistent":
             return fused_qk_rope_persistent(xq, xk, cos, sin, inplace=self.in_place,
                                             config=self.config,
@@ -567,31 +506,34 @@ SWEPT_HINTS = (("evict_first", ""), ("", ".cs"), ("evict_first", ".cs"))
 def fused_candidates(heads: int, head_dim: int, element_size: int) -> list[FusedCandidate]:
     """The candidates the sweep times for one (heads, head_dim), a small grid:
 
-    - on the default's tile (``fused_launch_config``): a persistent grid of 2, 4 or 8
-      programs per SM (and 4 with 8 warps), in-kernel angles with 4 and 8 warps;
-      the default in place (what ``fused_inplace`` launches); each of ``SWEPT_HINTS``,
-      and both hints in place;
-    - rows (whole tokens per program) at each of ``ROWS_TILE_BYTES_SWEPT`` (tiles that
-      round to the same tokens per program once); in place, padded (out and in
-      place) and both hints (out and in place) at ``ROWS_TILE_BYTES``.
+    - rows (the default's kernel, whole tokens per program) at each of
+      ``ROWS_TILE_BYTES_SWEPT`` (tiles that round to the same tokens per program once;
+      the default's ``ROWS_TILE_BYTES`` among them); the default in place (what
+      ``fused_inplace`` launches); padded and both hints (out and in place) at the
+      default's tile;
+    - tiles (the earlier default) on ``tiles_launch_config``'s tile, plain and with both
+      hints, out of place and in place; on that tile a persistent grid of 2, 4 or 8
+      programs per SM (and 4 with 8 warps), in-kernel angles with 4 and 8 warps.
+
+    At most 19 candidates a shape (the sweep's time stays within ~1.5x of its time
+    before the rows). Single hints (only ``evict_first``, only ``.cs``) are
+    ``SWEPT_HINTS``' other members, for a sweep given them as configs.
     """
-    d = fused_launch_config(heads, head_dim, element_size)
-    wide = FusedConfig(d.block_t, d.block_h, 8)
+    d = tiles_launch_config(heads, head_dim, element_size)
+    wide = TilesConfig(d.block_t, d.block_h, 8)
     both = SWEPT_HINTS[-1]
     out = ([FusedCandidate("persistent", d, p) for p in (2, 4, 8)]
            + [FusedCandidate("persistent", wide, 4),
               FusedCandidate("angles", d), FusedCandidate("angles", wide),
-              FusedCandidate("grid", d, in_place=True)]
-           + [FusedCandidate("grid", FusedConfig(d.block_t, d.block_h, d.num_warps, *h))
-              for h in SWEPT_HINTS]
-           + [FusedCandidate("grid", FusedConfig(d.block_t, d.block_h, d.num_warps, *both),
-                             in_place=True)])
+              FusedCandidate("tiles", d), FusedCandidate("tiles", d, in_place=True)]
+           + [FusedCandidate("tiles", TilesConfig(d.block_t, d.block_h, d.num_warps, *both),
+                             in_place=p) for p in (False, True)])
     tiles = []
     for tile in ROWS_TILE_BYTES_SWEPT:
         cfg = rows_launch_config(heads, head_dim, element_size, tile)
         if cfg not in tiles:
             tiles.append(cfg)
-    rows = rows_launch_config(heads, head_dim, element_size)
+    rows = fused_launch_config(heads, head_dim, element_size)
     padded = rows_launch_config(heads, head_dim, element_size, padded=True)
     hinted = rows_launch_config(heads, head_dim, element_size, eviction_policy=both[0],
                                 store_cache_modifier=both[1])

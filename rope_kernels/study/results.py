@@ -275,6 +275,9 @@ def read_results(path: Path, schema: dict[str, object],
         dtype = _read_dtype(_kind(schema[name]), True)
         missing = float("nan") if dtype == "float64" else pd.NA  # float64 holds no pd.NA
         old[name] = pd.Series([missing] * len(old), dtype=dtype)
+    for name, values in table.recoded.items():
+        if name in old.columns:
+            old[name] = old[name].replace(values)
     return old
 
 

@@ -223,6 +223,9 @@ class Table:
     # (migrated like the file's own) and the old file is removed once they are
     # written under the current name (``results.upsert_csv``).
     formerly: tuple[str, ...] = ()
+    # Values renamed in a column (column -> {old value: current value}): old rows read
+    # with the current name, so they keep their key and are replaced by new rows.
+    recoded: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -303,10 +306,10 @@ def _never_in_place(old):
 
 
 def _default_strategy(old):
-    """Sweep rows from before the launch candidates: the default strategy, "grid"."""
+    """Sweep rows from before the launch candidates: the then default, the tiles kernel."""
     import pandas as pd
 
-    return pd.Series("grid", index=old.index)
+    return pd.Series("tiles", index=old.index)
 
 
 def _no_persistent_grid(old):
@@ -345,7 +348,10 @@ RESULT_FILES: dict[str, Table] = {
                                         "strategy": _default_strategy,
                                         "programs_per_sm": _no_persistent_grid,
                                         "load_eviction_policy": _no_cache_hint,
-                                        "store_cache_modifier": _no_cache_hint}),
+                                        "store_cache_modifier": _no_cache_hint},
+                               # the tiles kernel was the default strategy, "grid", until
+                               # whole-token rows became the default
+                               recoded={"strategy": {"grid": "tiles"}}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
                              added=PEER_COLUMNS + ("seed",)),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
