@@ -9,6 +9,7 @@ import torch
 from rope_kernels.bench.encoder_bench import (AGREE_RATIO, attribute_rope_time, bucket_rounds,
                                               make_bucket, native_agreement, paired_stats,
                                               rope_minimal_ms, rope_profile)
+from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL
 from rope_kernels.model.vit import (EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention,
                                     rope_variants)
 
@@ -145,10 +146,10 @@ def _profile(attached: tuple[bool, bool]):
         us = 30.0 + i  # the two Triton launches differ, so a dropped one shows
         copy = Event("aten::_to_copy", "DeviceType.CPU", kernels=[Kernel("copy_kernel", 5.0)])
         launch = Event("cuLaunchKernelEx", "DeviceType.CPU",
-                       kernels=[Kernel("_fused_qk_rope_kernel", us)] if att else [])
+                       kernels=[Kernel(DEFAULT_TRITON_KERNEL, us)] if att else [])
         cpu += [Event("rope", "DeviceType.CPU", cpu_children=[copy, launch]), copy, launch]
         device += [Event("copy_kernel", "DeviceType.CUDA", 5.0),
-                   Event("_fused_qk_rope_kernel", "DeviceType.CUDA", us),
+                   Event(DEFAULT_TRITON_KERNEL, "DeviceType.CUDA", us),
                    Event("rope", "DeviceType.CUDA", 45.0)]  # annotation range, not a kernel
     device += [Event("gemm", "DeviceType.CUDA", 500.0), Event("attention", "DeviceType.CUDA", 429.0)]
     return cpu + device
