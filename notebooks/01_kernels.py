@@ -57,7 +57,8 @@ from rope_kernels.correctness import check_variant
 from rope_kernels.bench.correctness_sweep import absent, correctness_rows
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 from rope_kernels.bench.timing import time_fn
-from rope_kernels.kernels.fused import _fused_qk_rope_kernel, _rotate_pairs, fused_launch_config
+from rope_kernels.kernels.fused import (_fused_qk_rope_rows_kernel, _row_cos_sin, _row_offsets,
+                                        _rotate_row_pairs, fused_launch_config, rows_launch_config)
 from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup, show_source
 from rope_kernels.study.plots import with_units
@@ -80,19 +81,29 @@ show_source(native_rope)
 # %% [markdown]
 # ## The fused kernel
 #
-# One launch rotates q and k together. A program owns a few tokens x a group of heads x
-# the whole head_dim, covered by at most two power-of-two chunks (72 = 64 + 8). cos/sin are
-# read once per token straight from `freqs_cis` (strided views, no copy) and broadcast over
-# the heads; the math is fp32 whatever the data type. Rendered from the library's source:
+# One launch rotates q and k together. A program owns a few whole tokens: each token's q
+# row and k row, every head (`heads x head_dim` elements, contiguous in a packed qkv), covered
+# by two power-of-two chunks (16 x 72 = 1152 = 1024 + 128). A pair's cos/sin is fetched by its
+# index within its head, straight from `freqs_cis` (strided views, no copy; cos and sin
+# interleaved there, so one contiguous load), in q's own layout; every head re-reads the
+# token's values from L1. The math is fp32 whatever the data type. Rendered from the
+# library's source:
 
 # %%
-show_source(_rotate_pairs)
-show_source(_fused_qk_rope_kernel)
+show_source(_rotate_row_pairs)
+show_source(_row_offsets)
+show_source(_row_cos_sin)
+show_source(_fused_qk_rope_rows_kernel)
 
 # %% [markdown]
-# The launch settings come from a small documented heuristic, not autotuning, so one compile serves every token count:
+# The launch settings come from a small documented heuristic, not autotuning, so one compile
+# serves every token count: whole tokens filling 4 KB of q per program (the tile an
+# exploration run on the H200 found fastest or within 1% of it at Kimi's shapes; the
+# launch-config sweep of notebook 2 times it beside the other tiles and the earlier
+# tiles-of-heads kernel, `fused_candidates.py`):
 
 # %%
+show_source(rows_launch_config)
 show_source(fused_launch_config)
 
 # %% [markdown]

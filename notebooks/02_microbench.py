@@ -49,9 +49,9 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: 
 # - the **same-bytes copy** (`same_bytes_copy_us`, `rope_kernels/bench/same_bytes_copy.py`):
 #   Triton SM copies that read q, k and cos/sin where the call reads them and write q and k
 #   where the call writes them (fresh outputs, or in place for in-place variants), in a small
-#   family of tilings (a token row's column blocks, the fused kernel's own tile, flat blocks
-#   like SGLang's), each timed in the same rounds on the same input sets; the fastest is the
-#   limit at that size (`same_bytes_copy_tiling` names it). `pct_of_same_bytes_copy` is its
+#   family of tilings (a token row's column blocks, as the fused kernel's whole-token rows
+#   move them; the tile of heads of its earlier `tiles` form; flat blocks like SGLang's),
+#   each timed in the same rounds on the same input sets; the fastest is the limit at that size (`same_bytes_copy_tiling` names it). `pct_of_same_bytes_copy` is its
 #   time over the variant's; no variant should exceed 100% beyond noise.
 #
 # On a CPU the timer is the wall clock and the numbers are not GPU predictions.
@@ -184,14 +184,16 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # %% [markdown]
 # ## Block sizes: the evidence behind the launch heuristic
 #
-# With `config_sweep=True` the fused kernel is timed under each candidate (tokens per program,
-# heads per program, warps); `is_default` marks what `fused_qk_rope` launches by default (out of
-# place, and in place as `fused_inplace`). Beside them, the launch strategies of
-# `rope_kernels/kernels/fused_candidates.py` (`strategy`): on the default's tile a persistent grid
-# (`programs_per_sm`), angles computed in-kernel from each token's (row, column) instead of a
-# cos/sin read, and cache hints on the q/k loads and stores (`load_eviction_policy`,
-# `store_cache_modifier`); and whole-token rows (a program owns a few tokens' complete q and k
-# rows, `rows`, or the row as one padded block, `rows_padded`; `block_h` is then every head).
+# With `config_sweep=True` the fused rotation is timed under each launch candidate;
+# `is_default` marks what `fused_qk_rope` launches by default (out of place, and in place as
+# `fused_inplace`): whole-token rows (`rows`: a program owns a few tokens' complete q and k rows,
+# `block_h` is then every head) filling 4 KB of q. Beside it, rows filling 1, 2 and 8 KB, the row
+# as one padded block (`rows_padded`), and the strategies of
+# `rope_kernels/kernels/fused_candidates.py` (`strategy`): the earlier default, `tiles` (a
+# program owns a few tokens x a group of heads; timed under each tokens/heads per program and
+# warps of the block-size grid), on its tile a persistent grid (`programs_per_sm`) and angles
+# computed in-kernel from each token's (row, column) instead of a cos/sin read; cache hints on
+# the q/k loads and stores (`load_eviction_policy`, `store_cache_modifier`) on rows and tiles.
 # Some run in place (`in_place`, on input sets of their own); the table compares the fastest of
 # each kind with the default of the same kind.
 
