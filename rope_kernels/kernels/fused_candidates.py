@@ -12,8 +12,8 @@ tutorial keeps its variants) so each shows what it buys against it:
 - **persistent** (``fused_qk_rope_persistent``): ``programs_per_sm`` x SMs programs
   loop over the same tiles (``tl.range`` with ``num_stages``, so the compiler may
   prefetch the next tile's q/k while this one is rotated and stored). At 87,616 x 16
-  x 72 the default launches 175,232 programs of 128 threads; a persistent grid pays
-  no per-program start-up and keeps loads in flight across tiles.
+  x 72 the tiles kernel launches 175,232 programs of 128 threads (the default 87,616);
+  a persistent grid pays no per-program start-up and keeps loads in flight across tiles.
 - **angles** (``fused_qk_rope_angles``): cos/sin computed in-kernel from each token's
   (row, column) and Kimi's ``head_dim/4`` frequencies instead of read from a table:
   8 bytes a token instead of 288 (fp32 cos and sin at head_dim 72; 3% of the call's
