@@ -373,14 +373,14 @@ class _FusedQKRopeFunction(torch.autograd.Function):
 
 
 def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-                inverse: bool = False) -> None:
+            inverse: bool = False) -> None:
     """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch)."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
         return
     check_triton_device(xq, "fused_qk_rope")
     if config is None:
-        config = rows_launch_config(heads, head_dim, xq.element_size())
+        config = fused_launch_config(heads, head_dim, xq.element_size())
     main, rest = row_chunks(heads, head_dim, config.padded)
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
@@ -395,8 +395,8 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
         cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
         CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse,
-        EVICTION=config.eviction_policy,
-        STORE_CACHE=config.store_cache_modifier, num_warps=config.num_warps,
+        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
+        num_warps=config.num_warps,
     )
 
 
