@@ -116,7 +116,11 @@ def test_a_peer_without_rows_says_why_where_its_correctness_rows_do():
     correctness rows give; a peer with no reason anywhere says only that no row exists."""
     why = "flashinfer 0.7.4 cannot rotate head_dim 72 correctly (pos_enc.cuh overrun)"
     correctness = pd.DataFrame([{"variant": "flashinfer", "tokens": 4099, "heads": 16,
-                                 "head_dim": 72, "supported": False, "reason": why},
+                                 "head_dim": 72, "dtype": "float32", "supported": False,
+                                 "reason": "flashinfer supports bfloat16, float16 only"},
+                                {"variant": "flashinfer", "tokens": 4099, "heads": 16,
+                                 "head_dim": 72, "dtype": "bfloat16", "supported": False,
+                                 "reason": why},
                                 {"variant": "flashinfer", "tokens": 256, "heads": 3,
                                  "head_dim": 128, "supported": True, "reason": ""}])
     tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0}, in_place=PLACE),

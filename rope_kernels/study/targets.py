@@ -322,7 +322,10 @@ def _why_absent(tables: dict, variant: str, shape: tuple) -> str:
     c = tables.get("correctness", pd.DataFrame())
     if c.empty or not {"variant", "head_dim", "reason"} <= set(c.columns):
         return ""
-    hit = c[(c["variant"] == variant) & (c["head_dim"] == shape[-1])]["reason"].dropna()
+    rows = c[(c["variant"] == variant) & (c["head_dim"] == shape[-1])]
+    if "dtype" in rows.columns:  # the targets judge bf16 rows: its reason first
+        rows = rows.sort_values("dtype", key=lambda d: d != "bfloat16", kind="stable")
+    hit = rows["reason"].dropna()
     hit = hit[hit.astype(str).str.strip() != ""]
     return f": {hit.iloc[0]}" if len(hit) else ""
 
