@@ -165,3 +165,23 @@ def test_rows_without_cold_kimi_shapes_say_not_measured(tmp_path):
     text = F.render_findings(dev)
     assert "**Roofline:** not measured" in text and "-%" not in text
     assert "**Kernel alone:** not measured" in text
+
+
+def test_a_peer_refusing_a_head_dim_is_a_caveat_with_its_reason():
+    """FlashInfer 0.7.4 refuses head_dim 72: the findings say so, with the reason the
+    correctness rows carry; supported rows and other dtypes add no line."""
+    from rope_kernels.study.findings import _refused_shapes
+
+    rows = pd.DataFrame([
+        {"variant": "flashinfer", "head_dim": 72, "dtype": "bfloat16", "supported": False,
+         "reason": "flashinfer 0.7.4 cannot rotate head_dim 72 in bfloat16: overrun."},
+        {"variant": "flashinfer", "head_dim": 72, "dtype": "float32", "supported": False,
+         "reason": "flashinfer supports bfloat16, float16 only"},
+        {"variant": "flashinfer", "head_dim": 128, "dtype": "bfloat16", "supported": True,
+         "reason": ""},
+        {"variant": "fused", "head_dim": 72, "dtype": "bfloat16", "supported": True, "reason": ""}])
+    assert _refused_shapes(rows) == [
+        "- `flashinfer` has no rows at head_dim 72 (bf16): flashinfer 0.7.4 cannot rotate "
+        "head_dim 72 in bfloat16: overrun."]
+    assert _refused_shapes(rows[rows["supported"].astype(bool)]) == []
+    assert _refused_shapes(pd.DataFrame()) == []

@@ -451,12 +451,31 @@ def caveats_section(files: dict) -> list[str]:
                  f"{top[col]:.1f}%)") if top is not None else ""
         out.append(f"- {len(over)} of {len(cold)} cold rows beat the same-bytes copy by more than 3%{where}"
                    + (": the copy reference is not a limit there." if len(over) else "."))
+    for line in _refused_shapes(files.get("correctness", pd.DataFrame())):
+        out.append(line)
     if len(micro) and "in_place" not in micro.columns:
         out.append("- The kernel rows have no `in_place` column; like-for-like pairing read it from the "
                    "variant registry.")
     if "qkv_gemm" in files and files["qkv_gemm"].empty:
         out.append("- No `qkv_gemm.csv`: the QKV-GEMM targets are not measured.")
     return ["**Caveats derived from the rows.**", ""] + (out or ["- None found."])
+
+
+def _refused_shapes(correctness: pd.DataFrame) -> list[str]:
+    """One line per variant that refused bf16 shapes of some head_dim, with its reason
+    (e.g. FlashInfer 0.7.4 at head_dim 72): why a peer has no rows there."""
+    need = {"variant", "head_dim", "dtype", "supported", "reason"}
+    if correctness.empty or not need <= set(correctness.columns):
+        return []
+    rows = correctness[(correctness["dtype"] == "bfloat16")
+                       & (correctness["supported"].astype(str) == "False")]
+    out = []
+    for variant, group in rows.groupby("variant", sort=True):
+        dims = sorted({int(d) for d in group["head_dim"]})
+        reason = str(group["reason"].dropna().iloc[0]) if group["reason"].notna().any() else ""
+        out.append(f"- `{variant}` has no rows at head_dim {', '.join(map(str, dims))} (bf16): "
+                   f"{reason.rstrip('.')}.")
+    return out
 
 
 def render_findings(device_dir: Path | None = None) -> str:
