@@ -146,17 +146,18 @@ def test_rotation_compiled_out_is_the_plain_projection(kernel, device):
 
 
 def test_config_labels_and_subtile_needs_two_heads():
-    # the defaults: the H200 sweep's best tile (qkv_gemm_sweep.csv at 66a589554918),
-    # persistent (the exploration run of 2026-12-03)
-    assert QKVGemmConfig().label == "128x256x64x16/3/8/8/persistent"
-    assert QKVGemmConfig(persistent=False).label == "128x256x64x16/3/8/8"
+    # the defaults: the H200 sweep's best (qkv_gemm_sweep.csv at 2e381e165ba8),
+    # persistent with the subtiled epilogue
+    assert QKVGemmConfig().label == "128x256x64x16/3/8/8/persistent/subtile"
+    assert QKVGemmConfig(persistent=False, epilogue_subtile=False).label == "128x256x64x16/3/8/8"
     assert QKVGemmConfig(persistent=True, epilogue_subtile=True, use_tma=False).label == \
         "128x256x64x16/3/8/8/persistent/subtile/pointers"
     with pytest.raises(ValueError, match="heads_per_tile >= 2"):
         QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
     with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
         QKVGemmConfig(epilogue_subtile=1)
-    ws = QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True)
+    ws = QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True,
+                       epilogue_subtile=False)
     assert ws.label == "128x128x64x16/3/4/8/persistent/ws"
     assert ws.kernel_name == "_qkv_rope_kernel_ws"
     assert QKVGemmConfig().kernel_name == "_qkv_rope_kernel_persistent"
@@ -175,8 +176,10 @@ def test_config_labels_and_subtile_needs_two_heads():
                                                QKV_WARP_SPECIALIZED_CONFIGS, with_layout)
 
     assert QKV_CANDIDATE_CONFIGS[0] == QKVGemmConfig()
-    # the former default (one program per tile) is re-timed beside the new one
-    assert QKVGemmConfig(persistent=False) in QKV_CANDIDATE_CONFIGS
+    # the former defaults (one program per tile; persistent without subtiling) are
+    # re-timed beside the current one
+    assert QKVGemmConfig(persistent=False, epilogue_subtile=False) in QKV_CANDIDATE_CONFIGS
+    assert QKVGemmConfig(epilogue_subtile=False) in QKV_CANDIDATE_CONFIGS
     # every GPU run re-times each candidate at three token counts (compiles included):
     # at most five, no repeats
     assert len(QKV_CANDIDATE_CONFIGS) <= 5

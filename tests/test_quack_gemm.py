@@ -208,3 +208,23 @@ def test_one_config_object_per_name(monkeypatch):
             assert again is first and label_again == label
     finally:
         quack_gemm._gemm_config.cache_clear()
+
+
+def test_the_plain_quack_gemm_is_judged_in_the_packed_layout(monkeypatch):
+    """QuACK's plain GEMM returns (T, 3HD); the bench checks every variant's output
+    as the packed (T, 3, H, D) qkv. On the H200 (2e381e165ba8) the 2-D output failed
+    that check ("size of tensor a (T) must match ... (72)") at every config."""
+    from rope_kernels.bench import qkv_bench
+
+    tokens, heads, head_dim, hidden = 9, 2, 8, 16
+    args = qkv_bench.make_args(tokens, hidden, heads, head_dim, "cpu", seed=0)
+
+    def plain(x, w, b, *, config):  # QuACK's contract: x @ w^T + b, (T, N)
+        return (x.float() @ w.float().T + b.float()).to(x.dtype)
+
+    monkeypatch.setattr(qkv_bench.quack, "quack_gemm", plain)
+    out = qkv_bench.quack_call("quack_gemm", "any", heads, head_dim)(args)
+    refs = qkv_bench.references(args, heads, head_dim)
+    (reference, native), scale = refs[1], refs[2]
+    assert out.shape == (tokens, 3, heads, head_dim)
+    assert qkv_bench._error(out, reference, native, scale)["matches_float64"]

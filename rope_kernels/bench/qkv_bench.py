@@ -136,8 +136,9 @@ def ours(name: str, config: QKVGemmConfig, heads: int, head_dim: int):
 def quack_call(name: str, config: str, heads: int, head_dim: int):
     """fn(args) of a QuACK variant at one of its configs (operands built beforehand)."""
     def call(a):
-        if name == "quack_gemm":
-            return quack.quack_gemm(a["x"], a["w"], a["b"], config=config)
+        if name == "quack_gemm":  # (T, 3HD) -> the packed (T, 3, H, D) every variant returns
+            out = quack.quack_gemm(a["x"], a["w"], a["b"], config=config)
+            return out.view(a["x"].shape[0], 3, heads, head_dim)
         if "quack" not in a:
             a["quack"] = quack.kimi_mrope_operands(heads, head_dim, a["coords"], a["freqs"],
                                                    a["b"])

@@ -627,16 +627,14 @@ class QKVGemmConfig:
     """Launch settings of ``qkv_rope_linear`` (see ``qkv_gemm_config``).
 
     The defaults: 128x256x64 tiles (16 heads x 8 pairs, Kimi's 36 pairs padded to 40),
-    3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM). The tile
-    shape, stages and warps are the fastest of notebook 05_qkv_gemm's candidates on an
-    H200 (``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit 66a589554918: 1152 -> 3 x 16
-    x 72, bf16, cold, CUDA graphs) at each of 21,904, 43,808 and 87,616 tokens, where one
-    program per tile ran them. The persistent grid is from an exploration run of
-    ``tools/qkv_sweep.py --samples 6`` on an H200 (2026-12-03, not a committed result):
-    at 21,904 tokens the same config persistent took 339.6 us against 360.4 us per tile
-    (5.8% faster). Notebook 05_qkv_gemm re-measures ``QKV_CANDIDATE_CONFIGS`` (the
-    former one-program-per-tile default among them) at all three token counts in every
-    GPU run and reports the best; ``tools/qkv_sweep.py`` sweeps more.
+    3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM) with the
+    subtiled epilogue (a tile rotated and stored in two halves of its heads): the
+    fastest of notebook 05_qkv_gemm's five candidates at each of 21,904, 43,808 and
+    87,616 tokens on an H200 (``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit
+    2e381e165ba8: 1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs; the study's
+    ``qkv_rope_linear`` rows of that run are this config). Notebook 05_qkv_gemm
+    re-measures ``QKV_CANDIDATE_CONFIGS`` at all three token counts in every GPU run
+    and reports the best; ``tools/qkv_sweep.py`` sweeps more.
 
     ``warp_specialize=True`` HUNG on an H200 (Triton 3.6; exploration run of
     2026-12-03, 21,904 tokens: no output for ~170 s until a 180 s timeout): do not
@@ -650,7 +648,7 @@ class QKVGemmConfig:
     num_stages: int = 3
     num_warps: int = 8
     persistent: bool = True  # one program per SM striding over the tiles
-    epilogue_subtile: bool = False  # rotate and store the tile in two halves of its heads
+    epilogue_subtile: bool = True  # rotate and store the tile in two halves of its heads
     use_tma: bool | None = None  # None: TMA where the GPU and the strides allow it
     # ``_qkv_rope_kernel_ws``: persistent, tile loop warp-specialized (Hopper: 4 warps
     # become a producer and two consumer warp groups), even/odd members in two
@@ -721,11 +719,11 @@ class QKVGemmConfig:
 # Candidates notebook 05_qkv_gemm times beside the default on a GPU (its sweep records
 # every one; the headline rows use the fastest of the same run), at most five: each
 # costs compiles and time at three token counts in every GPU run. The default (persistent
-# 128x256x64, 3 stages, 8 warps) and what might beat it on Kimi's short K (1152 = 18
-# steps of 64, so the epilogue is a large share of a tile and wants to overlap another
-# tile's mainloop): the same config one program per tile (the former default: the
-# persistent grid's gain is one exploration run's); the persistent grid with the
-# epilogue subtiled (two halves of the tile's heads, fewer live registers); 4 stages,
+# 128x256x64, 3 stages, 8 warps, subtiled epilogue: two halves of the tile's heads, fewer
+# live registers) and what might beat it on Kimi's short K (1152 = 18 steps of 64, so the
+# epilogue is a large share of a tile and wants to overlap another tile's mainloop): the
+# same config one program per tile, no subtiling (the default before 2026-12-03); the
+# persistent grid without subtiling; 4 stages,
 # one program per tile (196 KB of shared memory at sm_90; persistent it needs 266 KB,
 # more than an H200's 227 KB); 128x128 tiles with one warp group, one program
 # per tile (98 KB, 166 registers at sm_90: two programs per SM, one's epilogue under
@@ -735,10 +733,10 @@ class QKVGemmConfig:
 # become the layout of least padding at that width (``with_layout``).
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
-    QKVGemmConfig(persistent=False),
-    QKVGemmConfig(epilogue_subtile=True),
-    QKVGemmConfig(persistent=False, num_stages=4),
-    QKVGemmConfig(block_n=128, num_warps=4, persistent=False),
+    QKVGemmConfig(persistent=False, epilogue_subtile=False),
+    QKVGemmConfig(epilogue_subtile=False),
+    QKVGemmConfig(persistent=False, num_stages=4, epilogue_subtile=False),
+    QKVGemmConfig(block_n=128, num_warps=4, persistent=False, epilogue_subtile=False),
 )
 
 # What ``tools/qkv_sweep.py`` times on a GPU: the candidates above and their
@@ -748,19 +746,24 @@ QKV_CANDIDATE_CONFIGS = (
 # compiles for sm_90 without spills in tests/test_qkv_gemm.py.
 QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
     QKVGemmConfig(persistent=False, epilogue_subtile=True),
-    QKVGemmConfig(persistent=False, block_k=128, num_stages=2),
-    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=4),
-    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=2),
-    QKVGemmConfig(persistent=False, block_m=64, num_warps=4, num_stages=2),
+    QKVGemmConfig(persistent=False, block_k=128, num_stages=2, epilogue_subtile=False),
+    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=4,
+                  epilogue_subtile=False),
+    QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=2,
+                  epilogue_subtile=False),
+    QKVGemmConfig(persistent=False, block_m=64, num_warps=4, num_stages=2,
+                  epilogue_subtile=False),
 )
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
 # the producer warp group exists, no spills) and never launched on a GPU: the first of
 # them hung on an H200 (see QKVGemmConfig.warp_specialize).
 QKV_WARP_SPECIALIZED_CONFIGS = (
-    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4, warp_specialize=True),
-    QKVGemmConfig(block_n=128, num_warps=4, warp_specialize=True),
-    QKVGemmConfig(block_n=128, block_k=128, num_stages=2, num_warps=4, warp_specialize=True),
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4, warp_specialize=True,
+                  epilogue_subtile=False),
+    QKVGemmConfig(block_n=128, num_warps=4, warp_specialize=True, epilogue_subtile=False),
+    QKVGemmConfig(block_n=128, block_k=128, num_stages=2, num_warps=4, warp_specialize=True,
+                  epilogue_subtile=False),
 )
 
 
@@ -806,21 +809,22 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     if device.type == "cpu":
         block_n, hpt = tile_layout(heads, head_dim, widths=(64,))
         return QKVGemmConfig(block_m=32, block_n=block_n, block_k=32, heads_per_tile=hpt,
-                             group_m=1, num_stages=1, num_warps=4, persistent=False)
+                             group_m=1, num_stages=1, num_warps=4, persistent=False,
+                             epilogue_subtile=False)
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
         block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64),
                                    min_pairs=max(1, 8 // element_size))
         return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2,
-                             persistent=False)
+                             persistent=False, epilogue_subtile=False)
     min_pairs = max(1, 8 // element_size)
     wide = with_layout(QKVGemmConfig(), heads, head_dim, element_size)
     block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64), min_pairs=min_pairs)
     if 8 * _padded_rows(heads, head_dim, wide.block_n, wide.heads_per_tile) \
             <= 9 * _padded_rows(heads, head_dim, block_n, hpt):
         return wide
-    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt)
+    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, epilogue_subtile=hpt >= 2)
 
 
 def _padded_rows(heads: int, head_dim: int, block_n: int, heads_per_tile: int) -> int:
