@@ -39,3 +39,22 @@ def test_every_gpu_device_folder_shares_one_commit():
         if len({c for cs in commits.values() for c in cs}) > 1:
             mixed.append(f"data/{folder}: " + "; ".join(f"{n} {', '.join(cs)}" for n, cs in commits.items()))
     assert not mixed, "rows from more than one commit:\n" + "\n".join(mixed)
+
+
+def test_the_committed_index_is_what_the_committed_results_give(tmp_path):
+    """reports/index.html is regenerated from the tracked data and reports, byte for
+    byte: an index built before the results were committed ("No results yet") or
+    left from an older run fails."""
+    import shutil
+
+    from rope_kernels.study.reports import build_index
+
+    for path in _committed("data") + _committed("reports"):
+        if path.name == "index.html" and path.parent == REPO_ROOT / "reports":
+            continue
+        dest = tmp_path / path.relative_to(REPO_ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+    built = build_index(tmp_path)
+    assert built.read_bytes() == (REPO_ROOT / "reports" / "index.html").read_bytes(), \
+        "reports/index.html is stale: run `python -m rope_kernels index` and commit it"
