@@ -162,6 +162,19 @@ def test_microbench_skips_the_unsupported_head_dim_and_says_why(monkeypatch, cap
         in capsys.readouterr().out
 
 
+def test_shapes_a_variant_skips_for_one_reason_are_one_line():
+    from rope_kernels.bench.microbench import not_run_lines
+
+    cases = [{"variant": "flashinfer", "tokens": t, "heads": h, "head_dim": 72,
+              "dtype": "bfloat16", "reason": "overrun"} for t in (5476, 21904) for h in (2, 16)]
+    cases.append({"variant": "flashinfer", "tokens": 4, "heads": 2, "head_dim": 72,
+                  "dtype": "float32", "reason": "bf16 and fp16 only"})
+    assert not_run_lines(cases) == [
+        "flashinfer not timed at 5476x2x72 bfloat16, 5476x16x72 bfloat16, 21904x2x72 bfloat16, "
+        "21904x16x72 bfloat16: overrun",
+        "flashinfer not timed at 4x2x72 float32: bf16 and fp16 only"]
+
+
 def test_encoder_leaves_out_a_variant_that_does_not_take_its_head_dim(monkeypatch):
     import rope_kernels.bench.encoder_bench as encoder_bench
     import rope_kernels.variants as variants_module

@@ -192,6 +192,17 @@ def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns="native_us")
 
 
+def not_run_lines(cases: Sequence[dict]) -> list[str]:
+    """One line per variant and reason, naming every shape it covers (a report
+    reads one FlashInfer line for its 15 Kimi shapes, not 15 copies of the reason)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for c in cases:
+        grouped.setdefault((c["variant"], c["reason"]), []).append(
+            f"{c['tokens']}x{c['heads']}x{c['head_dim']} {c['dtype']}")
+    return [f"{variant} not timed at {', '.join(where)}: {reason}"
+            for (variant, reason), where in grouped.items()]
+
+
 def not_run_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
                   dtypes: Sequence[torch.dtype]) -> list[dict]:
     """The (variant, shape, dtype) a variant does not take (``Variant.unsupported``:
@@ -223,9 +234,8 @@ def run_microbench(
     shapes = expand_families(families)
     dts = [parse_dtype(d) for d in dtypes]
     not_run = not_run_cases(variants, shapes, dts)
-    for case in not_run:
-        print(f"{case['variant']} not timed at {case['tokens']}x{case['heads']}x"
-              f"{case['head_dim']} {case['dtype']}: {case['reason']}", flush=True)
+    for line in not_run_lines(not_run):
+        print(line, flush=True)
     skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"]) for c in not_run}
     work = [(s, d) for d in dts for s in shapes]
     iterator = work
