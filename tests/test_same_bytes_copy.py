@@ -63,15 +63,18 @@ def test_every_tiling_copies_bit_for_bit_out_of_place_and_in_place(shape, dtype,
     assert not torch.isnan(v).any()  # v, the packed qkv's third slice, untouched
 
 
-WRONG_TWIN_SHAPE = Shape(9, 4, 72)
+# 4 x 72: a row of 256 + 32 elements (two chunks); 2 x 8: one power-of-two chunk
+WRONG_TWIN_CASES = [(shape, tiling) for shape in (Shape(9, 4, 72), Shape(5, 2, 8))
+                    for tiling in tilings_of(shape)]
 
 
-@pytest.mark.parametrize("tiling", tilings_of(WRONG_TWIN_SHAPE), ids=lambda t: t.label)
-def test_wrong_twins_are_caught(tiling, device):
+@pytest.mark.parametrize("shape,tiling", WRONG_TWIN_CASES,
+                         ids=[f"{s}-{t.label}" for s, t in WRONG_TWIN_CASES])
+def test_wrong_twins_are_caught(shape, tiling, device):
     """A copy that stops a token short fails the bitwise check; a ``never`` equal
     to a cos or sin value of the last token changes that token's output, so the
     kernel reads every token's cos and sin (a copy that skipped them would not)."""
-    xq, xk, freqs = make_arg_sets(WRONG_TWIN_SHAPE, torch.bfloat16, device, 1)[0]
+    xq, xk, freqs = make_arg_sets(shape, torch.bfloat16, device, 1)[0]
     cos, sin = cos_sin_views(freqs)
 
     def launch(**kw):
@@ -81,7 +84,7 @@ def test_wrong_twins_are_caught(tiling, device):
         return q_out, k_out
 
     assert copies_exactly((xq, xk), launch())
-    assert not copies_exactly((xq, xk), launch(n_tokens=WRONG_TWIN_SHAPE.tokens - 1))
+    assert not copies_exactly((xq, xk), launch(n_tokens=shape.tokens - 1))
     for table in (cos, sin):
         q_out, k_out = launch(never=table[-1, -1].item())
         assert not copies_exactly((xq, xk), (q_out, k_out))
@@ -203,3 +206,23 @@ def test_bench_shape_times_each_copy_on_the_input_sets_its_variants_read(monkeyp
                            copy_gbps=1.0, samples=1, rounds=1)
     assert len(only_oop) == 1  # and no in-place copy timed:
     assert set(seen) == {"oop", SAME_BYTES_COPY, SAME_BYTES_COPY + " tilings"}
+
+
+@pytest.mark.parametrize("shape", [Shape(9, 4, 72), Shape(7, 3, 72), Shape(5, 2, 8)], ids=str)
+def test_tokens_tiling_reads_separate_cos_and_sin_too(shape, device):
+    """The tokens kernel reads freqs_cis's interleaved [c, s] pairs as the fused kernel
+    does; handed separate cos and sin tensors it reads those: a copy either way, and a
+    ``never`` equal to the last token's cos or sin still changes that token."""
+    xq, xk, freqs = make_arg_sets(shape, torch.bfloat16, device, 1)[0]
+    cos, sin = (t.contiguous() for t in cos_sin_views(freqs))
+    for tiling in (t for t in tilings_of(shape) if t.layout == "tokens"):
+        def launch(**kw):
+            q_out, k_out = torch.full_like(xq.contiguous(), 0.5), torch.full_like(xk.contiguous(), 0.5)
+            launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, tiling=tiling, **kw)
+            return q_out, k_out
+
+        assert copies_exactly((xq, xk), launch())
+        for table in (cos, sin):
+            q_out, k_out = launch(never=table[-1, -1].item())
+            assert not copies_exactly((xq, xk), (q_out, k_out))
+            assert copies_exactly((xq[:-1], xk[:-1]), (q_out[:-1], k_out[:-1]))

@@ -25,7 +25,8 @@ and the reference is the fastest member's median (``bench.microbench``:
   heads x head_dim row (the row is contiguous in a packed qkv view);
 - ``tokens``: ``block_t`` whole tokens per program, each token's q and k rows in
   two power-of-two chunks (1152 = 1024 + 128 at 16 x 72), every load issued before
-  any store: the fused kernel's own layout, at a 4 KB and a 1 KB tile;
+  any store, cos/sin read per element as the fused kernel reads them: the fused
+  kernel's own layout, at a 4 KB and a 1 KB tile;
 - ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
   across tokens and heads like SGLang's kernel (no padded lanes).
 
@@ -105,6 +106,8 @@ def _copy_tokens_kernel(
     REST: tl.constexpr,  # power of two covering ROW - MAIN (0 when none)
     BLOCK_T: tl.constexpr,
     VEC: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
 ):
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < n_tokens
@@ -119,17 +122,29 @@ def _copy_tokens_kernel(
         m2 = ok & (c2 < ROW)
         q2 = tl.load(q_ptr + t2 * (q_stride_t * VEC) + c2, mask=m2)
         k2 = tl.load(k_ptr + t2 * (k_stride_t * VEC) + c2, mask=m2)
-    # The row's first PAIRS elements read the token's cos/sin (MAIN >= PAIRS), each
-    # gating only its own element: no reduction between the loads and the stores.
-    pair_mask = ok & (c < PAIRS)
-    cos = tl.load(cos_ptr + t2 * cos_stride_t + c * cos_stride_d, mask=pair_mask, other=0.0)
-    sin = tl.load(sin_ptr + t2 * sin_stride_t + c * sin_stride_d, mask=pair_mask, other=0.0)
-    keep = (cos != never) & (sin != never)
+    if INTERLEAVED:
+        # The fused rows kernel's own cos/sin reads: every element of the row loads the
+        # token's [c0, s0, c1, s1, ...] value at e % HEAD_DIM (one contiguous load a
+        # head, the same HEAD_DIM floats for every head: L1 hits after the first).
+        cs = tl.load(cos_ptr + t2 * cos_stride_t + c % HEAD_DIM, mask=ok, other=0.0)
+        keep = cs != never
+        if REST > 0:
+            cs2 = tl.load(cos_ptr + t2 * cos_stride_t + c2 % HEAD_DIM, mask=m2, other=0.0)
+            keep2 = cs2 != never
+    else:
+        # Separate cos and sin: the row's first PAIRS elements read the token's values
+        # (MAIN >= PAIRS), each gating only its own element.
+        pair_mask = ok & (c < PAIRS)
+        cos = tl.load(cos_ptr + t2 * cos_stride_t + c * cos_stride_d, mask=pair_mask, other=0.0)
+        sin = tl.load(sin_ptr + t2 * sin_stride_t + c * sin_stride_d, mask=pair_mask, other=0.0)
+        keep = (cos != never) & (sin != never)
+        if REST > 0:
+            keep2 = c2 >= 0  # the tail's elements were not gated by a cos/sin of theirs
     tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c, tl.where(keep, q, 0.0), mask=ok)
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c, tl.where(keep, k, 0.0), mask=ok)
     if REST > 0:
-        tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c2, q2, mask=m2)
-        tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, k2, mask=m2)
+        tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + c2, tl.where(keep2, q2, 0.0), mask=m2)
+        tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + c2, tl.where(keep2, k2, 0.0), mask=m2)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "never"])
@@ -259,6 +274,13 @@ def _vector_width(tensors, element_size: int) -> int:
     return 1
 
 
+def _interleaved(cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """cos and sin are the real and imaginary views of one complex freqs_cis:
+    [c0, s0, c1, s1, ...] per token, sin one float after cos."""
+    return (cos.stride(1) == 2 and sin.stride(1) == 2 and cos.stride(0) == sin.stride(0)
+            and sin.data_ptr() == cos.data_ptr() + cos.element_size())
+
+
 def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
     _, heads, head_dim = xq.shape
     for name, x in (("xq", xq), ("xk", xk)):
@@ -300,7 +322,8 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
         rest = 1 << (row - main - 1).bit_length() if row > main else 0
         _copy_tokens_kernel[(triton.cdiv(tokens, tiling.block_t),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
-            ROW=row, PAIRS=head_dim // 2, MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec, num_warps=tiling.num_warps)
+            ROW=row, PAIRS=head_dim // 2, MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec,
+            HEAD_DIM=head_dim, INTERLEAVED=_interleaved(cos, sin), num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](
