@@ -55,6 +55,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
+from rope_kernels.kernels.fused import interleaved_cos_sin, row_chunks
 from rope_kernels.kernels.reference import cos_sin_views
 
 
@@ -240,7 +241,7 @@ def tokens_tiling(heads: int, head_dim: int, element_size: int, tile_bytes: int)
     row = heads * head_dim
     fit = max(1, tile_bytes // (row * element_size))
     block_t = 1 << (fit.bit_length() - 1)
-    main = 1 << (row.bit_length() - 1)
+    main, _ = row_chunks(heads, head_dim)
     vectors = block_t * main * element_size // 16
     warps = 1 << max(0, min(3, (max(1, vectors // 32)).bit_length() - 1))
     return CopyTiling("tokens", block_t=block_t, num_warps=warps)
@@ -272,13 +273,6 @@ def _vector_width(tensors, element_size: int) -> int:
             return vec
         vec //= 2
     return 1
-
-
-def _interleaved(cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """cos and sin are the real and imaginary views of one complex freqs_cis:
-    [c0, s0, c1, s1, ...] per token, sin one float after cos."""
-    return (cos.stride(1) == 2 and sin.stride(1) == 2 and cos.stride(0) == sin.stride(0)
-            and sin.data_ptr() == cos.data_ptr() + cos.element_size())
 
 
 def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
@@ -318,12 +312,11 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
             ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
             BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c, VEC=vec, num_warps=tiling.num_warps)
     elif tiling.layout == "tokens":
-        main = 1 << (row.bit_length() - 1)
-        rest = 1 << (row - main - 1).bit_length() if row > main else 0
+        main, rest = row_chunks(heads, head_dim)  # the fused rows kernel's two chunks
         _copy_tokens_kernel[(triton.cdiv(tokens, tiling.block_t),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, PAIRS=head_dim // 2, MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec,
-            HEAD_DIM=head_dim, INTERLEAVED=_interleaved(cos, sin), num_warps=tiling.num_warps)
+            HEAD_DIM=head_dim, INTERLEAVED=interleaved_cos_sin(cos, sin), num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](

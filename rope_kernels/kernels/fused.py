@@ -235,6 +235,13 @@ class RowsConfig:
         check_cache_hints("RowsConfig", self.eviction_policy, self.store_cache_modifier)
 
 
+def interleaved_cos_sin(cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """fp32 cos and sin are the real and imaginary views of one complex freqs_cis:
+    [c0, s0, c1, s1, ...] per token, sin one float after cos (one load reads both)."""
+    return (sin.data_ptr() == cos.data_ptr() + 4 and cos.stride() == sin.stride()
+            and cos.stride(1) == 2)
+
+
 def row_chunks(heads: int, head_dim: int, padded: bool = False) -> tuple[int, int]:
     """(MAIN, REST) covering a token's ``heads * head_dim`` row: two power-of-two chunks
     (16 x 72 = 1152 -> 1024 + 128), or one padded block (1152 -> 2048, 0)."""
@@ -384,8 +391,7 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     main, rest = row_chunks(heads, head_dim, config.padded)
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-    interleaved = (sin.data_ptr() == cos.data_ptr() + 4 and cos.stride() == sin.stride()
-                   and cos.stride(1) == 2)
+    interleaved = interleaved_cos_sin(cos, sin)
     cs_vec = 4
     while cs_vec > 1 and (cos.stride(0) % cs_vec or sin.stride(0) % cs_vec
                           or cos.data_ptr() % (4 * cs_vec)):
