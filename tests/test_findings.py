@@ -185,3 +185,15 @@ def test_a_peer_refusing_a_head_dim_is_a_caveat_with_its_reason():
         "head_dim 72 in bfloat16: overrun."]
     assert _refused_shapes(rows[rows["supported"].astype(bool)]) == []
     assert _refused_shapes(pd.DataFrame()) == []
+
+
+def test_peer_rows_of_the_qkv_gemm_without_provenance_are_a_caveat():
+    from rope_kernels.study.findings import caveats_section
+
+    qkv = pd.DataFrame([{"variant": "quack_gemm_rope", "median_us": 10.0},
+                        {"variant": "quack_gemm", "median_us": float("nan")},
+                        {"variant": "cublas_linear", "median_us": 9.0}])
+    said = "\n".join(caveats_section({"qkv_gemm": qkv}))
+    assert "1 QuACK rows of `qkv_gemm.csv` name no package version" in said
+    named = qkv.assign(peer_sha256=["f" * 64, None, None])
+    assert "QuACK rows" not in "\n".join(caveats_section({"qkv_gemm": named}))

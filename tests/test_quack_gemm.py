@@ -228,3 +228,36 @@ def test_the_plain_quack_gemm_is_judged_in_the_packed_layout(monkeypatch):
     (reference, native), scale = refs[1], refs[2]
     assert out.shape == (tokens, 3, heads, head_dim)
     assert qkv_bench._error(out, reference, native, scale)["matches_float64"]
+
+
+def test_quacks_qkv_rows_name_its_package_version_and_source_hash(monkeypatch):
+    """Every peer row names the engine's package, version and source hash: QuACK's
+    GEMM rows in qkv_gemm.csv and its sweep too (the 2e381e165ba8 rows had none);
+    our own rows carry no peer columns."""
+    from rope_kernels.bench import qkv_bench
+
+    def plain(x, w, b, *, config):
+        return (x.float() @ w.float().T + b.float()).to(x.dtype)
+
+    def rope(x, w, b, heads, ops, *, config):
+        lin = plain(x, w, b, config=config).view(x.shape[0], 3, heads, -1)
+        return lin  # not rotated: this test reads columns, not numbers
+
+    monkeypatch.setattr(qkv_bench.quack, "availability", lambda: (True, ""))
+    monkeypatch.setattr(qkv_bench.quack, "source", lambda: ("0.6.5", "f" * 64))
+    monkeypatch.setattr(qkv_bench.quack, "quack_gemm", plain)
+    monkeypatch.setattr(qkv_bench.quack, "quack_gemm_rope", rope)
+    monkeypatch.setattr(qkv_bench.quack, "kimi_mrope_operands", lambda *a: {})
+    monkeypatch.setattr(qkv_bench.quack, "gemm_config", lambda name, device: (None, name))
+    bench = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
+                                    mode="eager", samples=1, progress=False,
+                                    variants=("cublas_linear", "cublas_linear+fused_rope",
+                                              "quack_gemm", "quack_gemm_rope"))
+    for table in (bench.rows, bench.sweep):
+        quack_rows = table[table.variant.str.startswith("quack")]
+        assert len(quack_rows)
+        assert (quack_rows.peer_package == "quack-kernels").all()
+        assert (quack_rows.peer_version == "0.6.5").all()
+        assert (quack_rows.peer_sha256 == "f" * 64).all()
+    ours = bench.rows[~bench.rows.variant.str.startswith("quack")]
+    assert ours.peer_package.isna().all()

@@ -261,6 +261,9 @@ def run_qkv_bench(
     ours_configs = candidate_configs(heads, head_dim, device, configs)
     quack_ok, quack_why = (quack.availability() if {"quack_gemm", "quack_gemm_rope"} & set(variants)
                            else (False, ""))
+    # QuACK's rows name its package, version and source hash, as every peer row does
+    quack_columns = dict(zip(("peer_package", "peer_version", "peer_sha256"),
+                             (quack.PACKAGE, *quack.source()))) if quack_ok else {}
     rows, sweep_rows, compile_spent = [], [], 0.0
     compiled = None
     if "compile_max_autotune" in variants:
@@ -275,7 +278,8 @@ def run_qkv_bench(
     def row_of(name, t, config, timing, note, checked):
         row = {"variant": name, "tokens": t, **shape, "config": config,
                "flops": gemm_flops(t, hidden, heads, head_dim), "note": note,
-               "reference": "x W^T + b" if name in UNROTATED else "rope(x W^T + b)", **checked}
+               "reference": "x W^T + b" if name in UNROTATED else "rope(x W^T + b)", **checked,
+               **(quack_columns if name.startswith("quack") else {})}
         if timing is not None:
             row.update(timer=timing.timer, median_us=timing.median_us, p20_us=timing.p20_us,
                        p80_us=timing.p80_us, samples=timing.samples,
@@ -348,7 +352,8 @@ def run_qkv_bench(
 COLUMNS = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "config",
            "timer", "median_us", "p20_us", "p80_us", "samples", "flops", "tflops",
            "ratio_to_cublas", "ratio_to_cublas_fused_rope", "reference", "max_abs_err",
-           "native_max_abs_err", "error_tolerance", "matches_float64", "note")
+           "native_max_abs_err", "error_tolerance", "matches_float64", "note",
+           "peer_package", "peer_version", "peer_sha256")
 FLOAT_COLUMNS = ("median_us", "p20_us", "p80_us", "samples", "tflops", "max_abs_err",
                  "native_max_abs_err", "error_tolerance")
 

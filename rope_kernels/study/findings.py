@@ -451,6 +451,14 @@ def caveats_section(files: dict) -> list[str]:
                  f"{top[col]:.1f}%)") if top is not None else ""
         out.append(f"- {len(over)} of {len(cold)} cold rows beat the same-bytes copy by more than 3%{where}"
                    + (": the copy reference is not a limit there." if len(over) else "."))
+    qkv = files.get("qkv_gemm", pd.DataFrame())
+    if len(qkv):
+        peer_rows = qkv[qkv["variant"].str.startswith("quack") & qkv["median_us"].notna()]
+        unnamed = peer_rows if "peer_sha256" not in qkv.columns else \
+            peer_rows[peer_rows["peer_sha256"].isna()]
+        if len(unnamed):
+            out.append(f"- {len(unnamed)} QuACK rows of `qkv_gemm.csv` name no package version or "
+                       "source hash (written before those columns existed).")
     for line in _refused_shapes(files.get("correctness", pd.DataFrame())):
         out.append(line)
     if len(micro) and "in_place" not in micro.columns:

@@ -368,8 +368,9 @@ RESULT_FILES: dict[str, Table] = {
         derived={"in_place": _old_rows_in_place}),
     # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
     # one per swept variant x config
-    "qkv_gemm.csv": Table(QKV_KEY),
-    "qkv_gemm_sweep.csv": Table(QKV_SWEEP_KEY),
+    # QuACK's rows name its package, version and source hash (rows before 2026-12-03: empty)
+    "qkv_gemm.csv": Table(QKV_KEY, added=PEER_COLUMNS),
+    "qkv_gemm_sweep.csv": Table(QKV_SWEEP_KEY, added=PEER_COLUMNS),
     # the QKV GEMM config probe's rows (tools/qkv_probe.py, one GPU run), not a notebook's
     "qkv_gemm_configs.csv": Table(("variant", "config") + QKV_KEY[1:]),
 }
