@@ -11,7 +11,7 @@ import torch
 from rope_kernels.bench import microbench
 from rope_kernels.bench.microbench import (SAME_BYTES_COPY, SAME_BYTES_COPY_INPLACE, Shape,
                                            bench_shape, fastest_copy, make_arg_sets)
-from rope_kernels.bench.same_bytes_copy import (CopyTiling, launch_same_bytes_copy,
+from rope_kernels.bench.same_bytes_copy import (CopyTiling, fused_tiling, launch_same_bytes_copy,
                                                 same_bytes_copy, same_bytes_copy_config,
                                                 same_bytes_copy_inplace, same_bytes_copy_tilings,
                                                 tokens_tiling)
@@ -96,12 +96,13 @@ def test_the_family_covers_the_variants_access_patterns():
     no duplicates, every label distinct."""
     for heads in (2, 3, 4, 16):
         family = same_bytes_copy_tilings(heads, 72, 2)
-        assert family[0] == same_bytes_copy_config(heads, 72, 2)
-        assert {t.layout for t in family} == {"row", "tokens", "flat"}
+        assert same_bytes_copy_config(heads, 72, 2) in family
+        assert fused_tiling(heads, 72, 2) in family
+        assert {t.layout for t in family} == {"row", "tokens", "flat", "fused"}
         assert len({t.label for t in family}) == len(family)
     for bad in (dict(layout="head"), dict(layout="row", block_t=3, block_c=16),
                 dict(layout="tokens", block_t=0), dict(layout="flat", block=True),
-                dict(layout="flat", block=256, num_warps=3)):
+                dict(layout="flat", block=256, num_warps=3), dict(layout="fused", block_t=6)):
         with pytest.raises(ValueError, match="CopyTiling"):
             CopyTiling(**bad)
 
@@ -119,13 +120,55 @@ def test_tokens_tiling_fills_its_tile_with_whole_tokens():
         tokens_tiling(2, 72, 2, 0)
 
 
-def test_every_tiling_refuses_q_whose_heads_are_not_adjacent(device):
+def test_every_tiling_but_fused_refuses_q_whose_heads_are_not_adjacent(device):
+    """The copy kernels address a token's row as one contiguous run; the ``fused``
+    member is the fused kernel, which takes any head stride (and copies exactly)."""
     shape = Shape(5, 3, 8)
     xq, xk, freqs = make_arg_sets(shape, torch.float32, device, 1)[0]
     xq, xk = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (xq, xk))
     for tiling in tilings_of(shape):
+        if tiling.layout == "fused":
+            assert copies_exactly((xq, xk), same_bytes_copy(xq, xk, freqs, tiling=tiling))
+            continue
         with pytest.raises(ValueError, match="row contiguous"):
             same_bytes_copy(xq, xk, freqs, tiling=tiling)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("shape", [Shape(9, 4, 72), Shape(5, 16, 72), Shape(3, 2, 128)])
+def test_the_fused_member_is_the_fused_kernels_own_program(shape, inplace):
+    """Same kernel, grid, arguments and constexprs as ``fused_qk_rope``'s launch on the
+    same tensors, except COPY (and ``never``, which only COPY reads): the only
+    difference between the fused kernel and this reference is the rotation."""
+    from unittest import mock
+
+    from rope_kernels.bench.compile_matrix import _LaunchRecorder
+    from rope_kernels.kernels import fused
+    from rope_kernels.kernels.fused import fused_qk_rope
+
+    xq, xk, freqs = make_arg_sets(shape, torch.bfloat16, "cpu", 1)[0]
+    cos, sin = cos_sin_views(freqs)
+    recorder = _LaunchRecorder()
+    with mock.patch.object(fused, "_fused_qk_rope_rows_kernel", recorder), \
+            mock.patch("rope_kernels.kernels.fused.check_triton_device"):
+        fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
+        tiling = fused_tiling(shape.heads, shape.head_dim, 2)
+        same_bytes_copy(xq, xk, freqs, inplace=inplace, tiling=tiling)
+    assert len(recorder.calls) == 2
+    (g1, a1, k1), (g2, a2, k2) = recorder.calls
+    assert g1 == g2
+    assert k1.pop("COPY", False) is False and k2.pop("COPY") is True
+    assert k1 == k2
+    never = 6 + 1 + 8 + 4  # ``never``: after 6 pointers, n_tokens, q/k and cos/sin strides
+    skip = {0, 1, 2, 3, never} if not inplace else {never}  # fresh outputs differ
+    for i, (x, y) in enumerate(zip(a1, a2)):
+        if i in skip:
+            continue
+        if isinstance(x, torch.Tensor):
+            assert x.data_ptr() == y.data_ptr() and x.stride() == y.stride(), i
+        else:
+            assert x == y, i
+    assert a1[never] == 0.0 and math.isnan(a2[never])
 
 
 def test_the_reference_is_the_fastest_copy_of_the_same_kind():

@@ -87,7 +87,10 @@ CANDIDATES = {
     "tiles_inplace": (True, _tiles(in_place=True)),
     "tiles_hints": (False, _tiles("hints")),
     "tiles_hints_inplace": (False, _tiles("hints", in_place=True)),
+    "rows_512": (False, _rows(512)),
+    "rows_512_inplace": (False, _rows(512, in_place=True)),
     "rows_1k": (False, _rows(1024)),
+    "rows_1k_inplace": (False, _rows(1024, in_place=True)),
     "rows_2k": (True, _rows(2048)),
     "rows_4k": (True, _rows(4096)),
     "rows_8k": (False, _rows(8192)),
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=72)
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--candidates", nargs="+", choices=sorted(CANDIDATES),
+                    help="time only these candidates (besides the defaults and the peers)")
     args = ap.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,7 +156,7 @@ def main(argv=None) -> int:
     makers = {"fused": _default(), "fused_inplace": _default(in_place=True)}
     variants = [VARIANTS["fused"], VARIANTS["fused_inplace"]]
     for name, (quick, make) in CANDIDATES.items():
-        if quick or not args.quick:
+        if (name in args.candidates) if args.candidates else (quick or not args.quick):
             makers[name] = make
             variants.append(candidate_variant(name, make))
     peers = {}

@@ -28,7 +28,11 @@ and the reference is the fastest member's median (``bench.microbench``:
   any store, cos/sin read per element as the fused kernel reads them: the fused
   kernel's own layout, at a 4 KB and a 1 KB tile;
 - ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
-  across tokens and heads like SGLang's kernel (no padded lanes).
+  across tokens and heads like SGLang's kernel (no padded lanes);
+- ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
+  launch, compiled with ``COPY``: its rotation replaced by a gate on cos/sin, every
+  load, store, mask and program the same. The fused kernel cannot beat this member
+  beyond noise by construction: the difference is exactly the rotation's arithmetic.
 
 Why not ``clone()``. A clone of a contiguous buffer is one ``cudaMemcpyAsync``,
 whose speed on an H200 depends on the byte count's alignment: at Kimi's token
@@ -55,7 +59,8 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import interleaved_cos_sin, row_chunks
+from rope_kernels.kernels.fused import (RowsConfig, _launch as _launch_fused_rows,
+                                        fused_launch_config, interleaved_cos_sin, row_chunks)
 from rope_kernels.kernels.reference import cos_sin_views
 
 
@@ -179,7 +184,7 @@ def _copy_flat_kernel(
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
-LAYOUTS = ("row", "tokens", "flat")
+LAYOUTS = ("row", "tokens", "flat", "fused")
 # ``tokens`` tiles: bytes of q rows per program (whole tokens, at least one). 4 KB
 # and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
 # exploration run (tools/fused_explore.py, 2026-12-03).
@@ -198,13 +203,13 @@ class CopyTiling:
     block_t: int = 1  # tokens per program (row, tokens)
     block_c: int = 0  # row: contiguous elements of a token's row per program
     block: int = 0  # flat: consecutive elements per program
-    num_warps: int = 4
+    num_warps: int = 4  # (fused: the fused kernel's default launch; block_t and warps are its)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
         needed = {"row": ("block_t", "block_c"), "tokens": ("block_t",),
-                  "flat": ("block",)}[self.layout]
+                  "flat": ("block",), "fused": ("block_t",)}[self.layout]
         for name in needed + ("num_warps",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -215,7 +220,7 @@ class CopyTiling:
     def label(self) -> str:
         """Short name for result rows: row:64x16, tokens:8, flat:1024 (then /warps)."""
         size = {"row": f"{self.block_t}x{self.block_c}", "tokens": f"{self.block_t}",
-                "flat": f"{self.block}"}[self.layout]
+                "flat": f"{self.block}", "fused": f"{self.block_t}"}[self.layout]
         return f"{self.layout}:{size}/{self.num_warps}"
 
 
@@ -247,11 +252,20 @@ def tokens_tiling(heads: int, head_dim: int, element_size: int, tile_bytes: int)
     return CopyTiling("tokens", block_t=block_t, num_warps=warps)
 
 
+def fused_tiling(heads: int, head_dim: int, element_size: int) -> CopyTiling:
+    """The ``fused`` member: the fused kernel's default launch (``fused_launch_config``)."""
+    _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
+    config = fused_launch_config(heads, head_dim, element_size)
+    return CopyTiling("fused", block_t=config.block_t, num_warps=config.num_warps)
+
+
 def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tuple[CopyTiling, ...]:
     """The family the benchmark times (the reference is its fastest member): the
-    ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, and the ``FLAT_BLOCKS``."""
+    ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, the ``FLAT_BLOCKS``
+    and ``fused`` (the fused kernel's own launch with its rotation compiled out)."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
-    family = [same_bytes_copy_config(heads, head_dim, element_size)]
+    family = [fused_tiling(heads, head_dim, element_size),
+              same_bytes_copy_config(heads, head_dim, element_size)]
     family += [tokens_tiling(heads, head_dim, element_size, b) for b in TOKENS_TILE_BYTES]
     family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
     return tuple(dict.fromkeys(family))
@@ -299,6 +313,11 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     tiling = same_bytes_copy_config(heads, head_dim, es) if tiling is None else tiling
     if not isinstance(tiling, CopyTiling):
         raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
+    if tiling.layout == "fused":  # the fused kernel's own program, COPY mode (any q/k strides)
+        _launch_fused_rows(xq, xk, q_out, k_out, cos, sin,
+                           RowsConfig(tiling.block_t, tiling.num_warps), copy_never=never,
+                           n_tokens=n_tokens)
+        return
     tensors = (xq, xk, q_out, k_out)
     row = heads * head_dim
     trig = (cos, sin, cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), float(never))
@@ -340,7 +359,8 @@ def same_bytes_copy(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     if tiling is not None and not isinstance(tiling, CopyTiling):
         raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
-    _check_rows(xq, xk, "row" if tiling is None else tiling.layout)
+    if tiling is None or tiling.layout != "fused":
+        _check_rows(xq, xk, "row" if tiling is None else tiling.layout)
     cos, sin = cos_sin_views(freqs_cis)
     if inplace:
         check_writable_in_place(xq, xk)

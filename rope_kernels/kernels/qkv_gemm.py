@@ -753,6 +753,13 @@ QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
                   epilogue_subtile=False),
     QKVGemmConfig(persistent=False, block_m=64, num_warps=4, num_stages=2,
                   epilogue_subtile=False),
+    # 256 tokens x 128 columns (16 heads x 4 pairs: Kimi's 36 pairs in 9 whole blocks,
+    # no zero-padded weight rows; 128x256 pads them to 40): the same operand bytes a
+    # K step as 128x256, two warp groups of 128x128 each
+    QKVGemmConfig(block_m=256, block_n=128),
+    QKVGemmConfig(block_m=256, block_n=128, epilogue_subtile=False),
+    QKVGemmConfig(block_m=256, block_n=128, persistent=False),
+    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4),
 )
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
