@@ -318,3 +318,22 @@ def test_rows_without_a_column_read_not_measured():
     rows = micro({"fused": 10.0}, shapes=[(87616, 16, 72)]).drop(columns=["bytes"])
     v = verdicts_of("copy_90pct_kimi_16_heads", {"microbench": rows})
     assert v.verdict.tolist() == ["not measured"] and "bytes" in v.detail.iloc[0]
+
+
+def test_a_ratio_beyond_the_same_bytes_copy_is_named_out_of_reach():
+    """peer / same-bytes copy bounds what any kernel moving our bytes can reach: a miss
+    whose bound is below the threshold says so (still missed); one within reach does not."""
+    tables = {"microbench": micro({"fused": 100.0, "fused_inplace": 100.0, "sglang_vision": 103.0},
+                                  in_place=PLACE)}
+    m = tables["microbench"]
+    m["same_bytes_copy_us"] = 99.0  # the copy is only 1.040x the peer
+    v = verdicts_of("kimi_1.05x_sglang_vision", tables)
+    assert set(v.verdict) == {"missed"}
+    assert v["limit"].iloc[0] == pytest.approx(103.0 / 99.0)
+    assert v["detail"].str.contains("out of reach").all()
+    m["same_bytes_copy_us"] = 90.0  # 1.144x: reachable, a plain miss
+    v = verdicts_of("kimi_1.05x_sglang_vision", tables)
+    assert set(v.verdict) == {"missed"} and not v["detail"].str.contains("out of reach").any()
+    del m["same_bytes_copy_us"]  # rows without the column: no bound, no claim
+    v = verdicts_of("kimi_1.05x_sglang_vision", tables)
+    assert v["limit"].isna().all() and not v["detail"].str.contains("out of reach").any()

@@ -424,6 +424,14 @@ def targets_section(files: dict) -> list[str]:
            "`python -m rope_kernels targets`): "
            + ", ".join(f"{int(counts[v])} {v}" for v in T.VERDICTS if v in counts) + ".", "",
            T.markdown_table(s[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])]
+    if len(verdicts) and "limit" in verdicts.columns:
+        beyond = verdicts[(verdicts["verdict"] == "missed")
+                          & verdicts["detail"].astype(str).str.contains("out of reach")]
+        if len(beyond):
+            out += ["", f"{len(beyond)} missed verdict row(s) ask for more than a copy of the same "
+                    "bytes reaches (peer time / same-bytes copy time below the threshold): "
+                    + "; ".join(f"`{r.target}` at {r.shape} ({r.mode}): {r.limit:.3f}x"
+                                for r in beyond.itertuples()) + "."]
     return out
 
 

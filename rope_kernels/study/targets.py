@@ -273,9 +273,8 @@ def _verdict_row(target: Target, mode: str, shape: str, ours: str, value: float,
 def _judge(target: Target, value: float) -> str:
     """met / missed; a value that is not a finite number was not measured (an absent
     peer's row has no time), never missed."""
-    if value is None or not math.isfinite(value):
-        return "not measured"
-    return "met" if _OPS[target.op](value, target.threshold) else "missed"
+    ok = op_ok(target, value)
+    return "not measured" if ok is None else "met" if ok else "missed"
 
 
 def judge_against_minimum(value: float, minimum: float, target_ratio: float) -> tuple[str, str]:
@@ -335,6 +334,10 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
     for mode in target.modes:
         rows = _kernel_rows(tables, mode)
         times = _median_rows(rows, ["tokens", "heads", "head_dim"]) if not rows.empty else {}
+        # the same-bytes copy timed beside each of ours: the best time any kernel moving
+        # our bytes could reach, so peer / copy bounds the ratio a target may ask for
+        copies = _median_rows(rows, ["tokens", "heads", "head_dim"], "same_bytes_copy_us") \
+            if not rows.empty and "same_bytes_copy_us" in rows.columns else {}
         peer_inplace = in_place(rows, target.against) if not rows.empty else None
         for shape in target.shapes:
             text = _shape_text(shape)
@@ -356,10 +359,23 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
                                         f"no row of ours {'in' if peer_inplace else 'out of'} place"))
                 continue
             ratio = peer_t / our_t
-            out.append(_verdict_row(target, mode, text, ours, ratio, _judge(target, ratio),
-                                    f"{target.against} {peer_t:.1f} us, {ours} {our_t:.1f} us",
-                                    in_place=peer_inplace))
+            verdict = _judge(target, ratio)
+            detail = f"{target.against} {peer_t:.1f} us, {ours} {our_t:.1f} us"
+            copy_t = copies.get((ours, *shape), float("nan"))
+            limit = peer_t / copy_t if math.isfinite(copy_t) and copy_t > 0 else float("nan")
+            if verdict == "missed" and op_ok(target, limit) is False:
+                detail += (f"; out of reach: a copy of the same bytes ({copy_t:.1f} us) is only "
+                           f"{limit:.3f}x {target.against}")
+            out.append(_verdict_row(target, mode, text, ours, ratio, verdict, detail,
+                                    in_place=peer_inplace, limit=limit))
     return out
+
+
+def op_ok(target: Target, value: float) -> bool | None:
+    """Whether ``value`` satisfies the target's rule (None: not a finite number)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return bool(_OPS[target.op](value, target.threshold))
 
 
 def _copy_fraction(target: Target, tables: dict) -> list[dict]:
