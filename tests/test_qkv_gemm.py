@@ -715,3 +715,68 @@ def test_sweep_configs_compile_for_sm90(tmp_path):
     warps = dict(zip(table["kernel"], table["num_warps"]))
     for c in compiled:
         assert warps[f"qkv_gemm {c.label}"] == c.num_warps * (3 if c.warp_specialize else 1), c
+
+
+# -- the flat-pairs layout ------------------------------------------------------------
+
+
+def test_flat_row_order_is_w_in_its_own_order_padded_to_whole_tiles():
+    """The flat layout keeps W's rows in order (a pair is two adjacent columns) and
+    pads the last tile only (2 heads x 72: 432 rows in 14 tiles of 32, 16 pad rows)."""
+    order = qkv_row_order(HEADS, HEAD_DIM, 32, 1, flat=True)
+    total = 3 * HEADS * HEAD_DIM
+    assert order.numel() == 32 * -(-total // 32)
+    assert order[:total].tolist() == list(range(total))
+    assert (order[total:] == -1).all()
+    x, w, b, _ = make_problem("cpu")
+    p = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=1, flat=True)
+    w2, b2 = unpermute_qkv_weight(p)
+    assert torch.equal(w2, w) and torch.equal(b2, b.float())
+    with pytest.raises(ValueError, match="heads_per_tile=1"):
+        permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=2, flat=True)
+    with pytest.raises(ValueError, match="flat_pairs takes heads_per_tile=1"):
+        QKVGemmConfig(block_n=32, heads_per_tile=2, flat_pairs=True)
+    with pytest.raises(TypeError, match="flat_pairs must be a bool"):
+        QKVGemmConfig(block_n=32, heads_per_tile=1, flat_pairs=1)
+
+
+FLAT_CASES = [(tma, sub, persistent) for tma in (False, True) for sub in (False, True)
+              for persistent in (False, True)]
+
+
+@pytest.mark.parametrize("use_tma,subtile,persistent", FLAT_CASES,
+                         ids=[f"{'tma' if t else 'pointers'}-{'subtile' if s else 'whole'}-"
+                              f"{'persistent' if p else 'tiles'}" for t, s, p in FLAT_CASES])
+def test_flat_pairs_match_float64_table_and_angles(use_tma, subtile, persistent, device):
+    """The flat layout through TMA and pointers, whole and subtiled epilogue, one
+    program per tile and persistent, cos/sin as freqs_cis's interleaved views and as
+    separate tensors: a tile's 32 columns cross head boundaries (72 a head) and q/k/v
+    boundaries; the last tile is half padding."""
+    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    x, w, b, freqs_cis = make_problem(device)
+    # subtiled: eighths of the tile, at least 16 bytes (a TMA box) each
+    config = QKVGemmConfig(block_m=16, block_n=64 if subtile else 32, block_k=16,
+                           heads_per_tile=1, group_m=2, num_stages=1, num_warps=4,
+                           persistent=persistent,
+                           epilogue_subtile=subtile, use_tma=use_tma, flat_pairs=True)
+    assert "/flat" in config.label
+    for call in ("table", "separate", "angles"):
+        out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
+        if call == "table":
+            qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
+        elif call == "separate":
+            cos, sin = (t.contiguous() for t in cos_sin_views(freqs_cis))
+            qkv_rope_linear(x, w, b, cos, sin, config=config, out=out)
+        else:
+            qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
+                                   vision_rope_frequencies(HEAD_DIM, device=device),
+                                   config=config, out=out)
+        assert torch.isfinite(out).all(), (call, "an output element was never written")
+        err, tol = judge(out, x, w, b, freqs_cis)
+        assert err <= tol, (call, err, tol)
+    # the rotation compiled out: exactly the linear layer (v, q and k unrotated)
+    out = qkv_linear_rotation_compiled_out(x, w, b, *cos_sin_views(freqs_cis), config=config)
+    ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
+    assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+

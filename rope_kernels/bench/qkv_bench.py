@@ -114,10 +114,11 @@ def _linear_then_rope(x, w, b, cos, sin, heads, head_dim):
 
 def _permuted(a: dict, config: QKVGemmConfig, heads: int, head_dim: int):
     """The arg set's weight in ``config``'s layout, built once (as a model would at load)."""
-    layout = (config.block_n, config.heads_per_tile)
+    layout = (config.block_n, config.heads_per_tile, config.flat_pairs)
     if layout not in a["permuted"]:
         a["permuted"][layout] = permute_qkv_weight(a["w"], a["b"], heads, head_dim,
-                                                   block_n=layout[0], heads_per_tile=layout[1])
+                                                   block_n=layout[0], heads_per_tile=layout[1],
+                                                   flat=layout[2])
     return a["permuted"][layout]
 
 

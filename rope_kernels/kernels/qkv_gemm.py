@@ -17,7 +17,11 @@ The file is in named pieces, like Triton's persistent-matmul tutorial:
    stays in registers, the rotation is elementwise, ``join`` restores the
    interleaved order, and the kernel stores to the ordinary (T, 3, H, D)
    addresses. Heads and pairs are padded with zero rows to whole tiles. The
-   only cache is the row order (a function of four ints and the device); the
+   The flat layout (``QKVGemmConfig.flat_pairs``) keeps W's own row order
+   instead (an N tile is block_n consecutive columns of the packed row, a pair is
+   two adjacent columns, cos/sin are gathered per column) and pads only the last
+   tile. The
+   only cache is the row order (a function of five values and the device); the
    permuted weight itself is never cached behind the caller's back: without
    ``permuted=`` every call permutes W again (one gather of W), so no update of
    W or b, in place or through ``.data``, can leave a stale copy.
@@ -65,6 +69,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_triton_device, may_overlap,
                                          triton_interpreter_enabled)
+from rope_kernels.kernels.fused import interleaved_cos_sin
 
 GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -89,17 +94,20 @@ class PermutedQKVWeight:
     head_dim: int
     block_n: int
     heads_per_tile: int
+    flat: bool = False  # the flat-pairs layout (``qkv_row_order(flat=True)``)
 
     @property
     def pairs_per_tile(self) -> int:
-        return self.block_n // (2 * self.heads_per_tile)
+        return self.block_n // 2 if self.flat else self.block_n // (2 * self.heads_per_tile)
 
     @property
     def head_blocks(self) -> int:
-        return triton.cdiv(3 * self.heads, self.heads_per_tile)
+        return 1 if self.flat else triton.cdiv(3 * self.heads, self.heads_per_tile)
 
     @property
     def pair_blocks(self) -> int:
+        if self.flat:  # N tiles: every pair of q, k and v, block_n/2 at a time
+            return triton.cdiv(3 * self.heads * self.head_dim // 2, self.pairs_per_tile)
         return triton.cdiv(self.head_dim // 2, self.pairs_per_tile)
 
 
@@ -116,8 +124,15 @@ def _check_tile_layout(block_n: int, heads_per_tile: int) -> None:
                          f"heads_per_tile ({heads_per_tile}) heads: block_n >= 2 * heads_per_tile")
 
 
-def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int) -> torch.Tensor:
+def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int,
+                  flat: bool = False) -> torch.Tensor:
     """Source row of W for every row of the permuted weight (-1: a zero pad row).
+
+    ``flat``: the flat layout: W's rows in their own order, zero rows to whole tiles.
+    N tile ``b`` is columns ``b * block_n ...`` of the packed output row (3H x D,
+    across head boundaries; a pair is two adjacent columns). Only the last tile is
+    padded (Kimi: 3456 columns in 14 tiles of 256, 3.7% zero rows, against 11% for
+    16 heads x 8 pairs), and a tile's output is ``block_n`` contiguous columns.
 
     Tile ``(head block hb, pair block jb)`` is rows ``(hb * pair_blocks + jb) *
     block_n ...``; inside it, row ``r`` is member ``r // (block_n/2)`` (0 even,
@@ -125,6 +140,10 @@ def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int) 
     ``hb * heads_per_tile + (r // pairs_per_tile) % heads_per_tile``; heads
     run over q, k, v (3H of them)."""
     _check_tile_layout(block_n, heads_per_tile)
+    if flat:  # W's own order, zero rows to whole tiles
+        total = 3 * heads * head_dim
+        rows = torch.arange(triton.cdiv(total, block_n) * block_n)
+        return torch.where(rows < total, rows, -1)
     pairs_per_tile = block_n // (2 * heads_per_tile)
     half = head_dim // 2
     head_blocks = triton.cdiv(3 * heads, heads_per_tile)
@@ -144,12 +163,12 @@ _ROW_GATHERS: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
 
 def _row_gather(heads: int, head_dim: int, block_n: int, heads_per_tile: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+                device: torch.device, flat: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(source rows, pad-row mask or None when nothing is padded) on ``device``."""
-    key = (heads, head_dim, block_n, heads_per_tile, str(device))
+    key = (heads, head_dim, block_n, heads_per_tile, flat, str(device))
     hit = _ROW_GATHERS.get(key)
     if hit is None:
-        order = qkv_row_order(heads, head_dim, block_n, heads_per_tile)
+        order = qkv_row_order(heads, head_dim, block_n, heads_per_tile, flat)
         pad = order < 0
         hit = (order.clamp(min=0).to(device),
                pad[:, None].to(device) if bool(pad.any()) else None)
@@ -165,15 +184,21 @@ def permute_qkv_weight(
     *,
     block_n: int = 128,
     heads_per_tile: int = 16,
+    flat: bool = False,
 ) -> PermutedQKVWeight:
     """Reorder W_qkv (3*H*D, hidden) and b_qkv for ``qkv_rope_linear``.
 
     ``block_n``: the GEMM's N tile; ``heads_per_tile``: heads sharing a tile
     (``block_n / (2 * heads_per_tile)`` pairs of each). A new copy, not tied to
     W: build it once where the weights are loaded and again whenever they
-    change. Inverse: ``unpermute_qkv_weight``."""
+    change. ``flat``: the flat-pairs layout (``qkv_row_order``; heads_per_tile 1).
+    Inverse: ``unpermute_qkv_weight``."""
     _check_qkv_weight(w_qkv, b_qkv, heads, head_dim)
-    src, pad = _row_gather(heads, head_dim, block_n, heads_per_tile, w_qkv.device)
+    if not isinstance(flat, bool):
+        raise TypeError(f"flat must be a bool, got {type(flat).__name__}")
+    if flat and heads_per_tile != 1:
+        raise ValueError(f"the flat-pairs layout takes heads_per_tile=1, got {heads_per_tile}")
+    src, pad = _row_gather(heads, head_dim, block_n, heads_per_tile, w_qkv.device, flat)
     weight = w_qkv.detach().index_select(0, src)
     bias = None
     if b_qkv is not None:
@@ -182,13 +207,13 @@ def permute_qkv_weight(
         weight.masked_fill_(pad, 0)
         if bias is not None:
             bias.masked_fill_(pad[:, 0], 0)
-    return PermutedQKVWeight(weight, bias, heads, head_dim, block_n, heads_per_tile)
+    return PermutedQKVWeight(weight, bias, heads, head_dim, block_n, heads_per_tile, flat)
 
 
 def unpermute_qkv_weight(permuted: PermutedQKVWeight) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The original (W_qkv, b_qkv as fp32) back from a permuted weight."""
     order = qkv_row_order(permuted.heads, permuted.head_dim, permuted.block_n,
-                          permuted.heads_per_tile).to(permuted.weight.device)
+                          permuted.heads_per_tile, permuted.flat).to(permuted.weight.device)
     keep = order >= 0
     rows = 3 * permuted.heads * permuted.head_dim
     weight = permuted.weight.new_empty((rows, permuted.weight.shape[1]))
@@ -278,6 +303,21 @@ def _store_heads(out, y, m0, head0, col0, n_tokens, out_stride_t, out_stride_h,
         tl.store(ptrs, y.to(out.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_cols(out, y, m0, col0, n_tokens, out_stride_t, N_COLS: tl.constexpr,
+                BLOCK_M: tl.constexpr, COLS: tl.constexpr, USE_TMA: tl.constexpr):
+    """y (BLOCK_M, COLS) to out[m0:, col0:] of the (T, 3H x D) output (flat-pairs
+    layout: a tile's columns are contiguous), clipped to the tokens and the row."""
+    if USE_TMA:
+        out.store([m0, col0], y.to(out.dtype))
+    else:
+        tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        cols = col0 + tl.arange(0, COLS)
+        mask = (tokens < n_tokens)[:, None] & (cols < N_COLS)[None, :]
+        tl.store(out + tokens[:, None] * out_stride_t + cols[None, :],
+                 y.to(out.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------
 # 3. Mainloop
 # --------------------------------------------------------------------------
@@ -334,10 +374,9 @@ def _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr, fre
 
 
 @triton.jit
-def _rotate(x0, x1, c, s, heads, ROTATED_HEADS: tl.constexpr):
-    """(x0, x1) of each pair turned by (c, s) on the q and k heads (heads <
-    ROTATED_HEADS), passed through on v: x0, x1 (M, NH, P), c, s (M, 1, P)."""
-    on = (heads < ROTATED_HEADS)[None, :, None]
+def _rotate(x0, x1, c, s, on):
+    """(x0, x1) of each pair turned by (c, s) where ``on`` (the q and k heads),
+    passed through elsewhere (v): every operand broadcast to x0's shape."""
     y0 = tl.where(on, x0 * c - x1 * s, x0)
     y1 = tl.where(on, x0 * s + x1 * c, x1)
     return y0, y1
@@ -350,10 +389,104 @@ def _rope_store(x0, x1, c, s, out, m0, head0, pair0, n_tokens, out_stride_t, out
                 USE_TMA: tl.constexpr):
     """Rotate NH heads' pairs (x0 even, x1 odd members) and store them interleaved."""
     if ROTATE:
-        x0, x1 = _rotate(x0, x1, c, s, head0 + tl.arange(0, NH), 2 * HEADS)
+        heads = head0 + tl.arange(0, NH)
+        x0, x1 = _rotate(x0, x1, c, s, (heads < 2 * HEADS)[None, :, None])
     y = tl.reshape(tl.join(x0, x1), (BLOCK_M, NH, 2 * PAIRS))  # interleaved
     _store_heads(out, y, m0, head0, 2 * pair0, n_tokens, out_stride_t, out_stride_h, HEADS,
                  HEAD_DIM, BLOCK_M, NH, 2 * PAIRS, USE_TMA)
+
+
+@triton.jit
+def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
+    """Flat layout: rotate COLS consecutive columns of the packed row (W's own order:
+    column ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) and
+    store them. Adjacent columns are a pair, so splitting them is free in registers.
+    INTERLEAVED (cos/sin are a complex freqs_cis's views, [c0, s0, c1, s1, ...]): the
+    token's value at ``n % D`` is the cos (even n) or sin (odd n) of column n's pair,
+    one contiguous gather in the tile's own layout; else cos/sin per pair."""
+    if ROTATE:
+        tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+        token_ok = tokens < n_tokens
+        x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, COLS // 2, 2)))
+        pairs = col0 // 2 + tl.arange(0, COLS // 2)
+        if INTERLEAVED and not ANGLES:
+            cols = col0 + tl.arange(0, COLS)
+            cs = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + (cols % HEAD_DIM)[None, :],
+                         mask=token_ok[:, None], other=0.0)
+            c, s = tl.split(tl.reshape(cs, (BLOCK_M, COLS // 2, 2)))
+        else:
+            c, s = _cos_sin(tokens, token_ok, pairs % (HEAD_DIM // 2),
+                            pairs < 3 * HEADS * (HEAD_DIM // 2), cos_ptr, sin_ptr, coords_ptr,
+                            freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                            ANGLES)
+        y0, y1 = _rotate(x0, x1, c, s, (pairs < 2 * HEADS * (HEAD_DIM // 2))[None, :])
+        x = tl.reshape(tl.join(y0, y1), (BLOCK_M, COLS))
+    _store_cols(out, x, m0, col0, n_tokens, out_stride_t, 3 * HEADS * HEAD_DIM, BLOCK_M,
+                COLS, USE_TMA)
+
+
+@triton.jit
+def _flat_halves(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
+    """COLS columns as two halves, each through ``_flat_quarters``."""
+    H: tl.constexpr = COLS // 2
+    xa, xb = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, H)), (0, 2, 1)))
+    _flat_quarters(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    _flat_quarters(xb, col0 + H, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+
+
+@triton.jit
+def _flat_quarters(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
+    """``_flat_store`` of COLS columns as two stores of COLS/2 contiguous columns."""
+    H: tl.constexpr = COLS // 2
+    xa, xb = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, H)), (0, 2, 1)))
+    _flat_store(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    _flat_store(xb, col0 + H, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+
+
+@triton.jit
+def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_tokens,
+                   out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                   HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                   INTERLEAVED: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+                   USE_TMA: tl.constexpr):
+    """The flat tile (bias already added): columns n0 ... n0 + BLOCK_N of the packed
+    row, in eight stores of BLOCK_N/8 columns with ``EPILOGUE_SUBTILE`` (each column
+    has its own cos/sin: at 128x256 on 8 warps, whole, in halves or in quarters, the
+    persistent kernel spills on sm_90; in eighths it does not)."""
+    if EPILOGUE_SUBTILE:
+        HALF: tl.constexpr = BLOCK_N // 2
+        xa, xb = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        _flat_halves(xa, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                     HEAD_DIM, BLOCK_M, HALF, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+        _flat_halves(xb, n0 + HALF, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                     HEAD_DIM, BLOCK_M, HALF, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    else:
+        _flat_store(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                    out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                    HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
 
 
 @triton.jit
@@ -362,11 +495,34 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
                    sin_stride_t, sin_stride_d, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                    PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
-                   ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr):
-    """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D)."""
-    PAIRS: tl.constexpr = BLOCK_N // (2 * HEADS_PER_TILE)
+                   ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr,
+                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D) (or, in
+    the flat-pairs layout, to its (T, 3H x D) view)."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n0 + tl.arange(0, BLOCK_N))[None, :]
+    if FLAT:
+        _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_tokens,
+                       out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                       HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED,
+                       EPILOGUE_SUBTILE, USE_TMA)
+    else:
+        _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n, n_tokens,
+                        out_stride_t, out_stride_h, cos_stride_t, cos_stride_d, sin_stride_t,
+                        sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
+                        HEADS_PER_TILE, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA)
+
+
+@triton.jit
+def _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n, n_tokens,
+                    out_stride_t, out_stride_h, cos_stride_t, cos_stride_d, sin_stride_t,
+                    sin_stride_d, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HEADS_PER_TILE: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                    EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr):
+    """The heads x pairs tile (bias already added): its heads share the tile's pairs,
+    so one angle per (token, pair) serves them all."""
+    PAIRS: tl.constexpr = BLOCK_N // (2 * HEADS_PER_TILE)
     head0 = (pid_n // PAIR_BLOCKS) * HEADS_PER_TILE
     pair0 = (pid_n % PAIR_BLOCKS) * PAIRS
     # columns [0, BLOCK_N/2) hold the even members of the tile's pairs, the rest the odd
@@ -425,7 +581,8 @@ def _qkv_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HEADS_PER_TILE: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-    USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr,
+    USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr, FLAT: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) output tile: mainloop, then epilogue."""
     pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M), HEAD_BLOCKS * PAIR_BLOCKS,
@@ -437,7 +594,8 @@ def _qkv_tile(
     _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, pid_n,
                    n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
                    sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
-                   HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA)
+                   HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, FLAT,
+                   INTERLEAVED)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -463,13 +621,16 @@ def _qkv_rope_kernel(
     EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    FLAT: tl.constexpr = False,  # the flat layout (QKVGemmConfig.flat_pairs)
+    INTERLEAVED: tl.constexpr = False,  # cos/sin are freqs_cis's views (flat layout's load)
 ):
     """One program per output tile."""
     _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
               n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
               HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
-              HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED)
+              HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED, FLAT,
+              INTERLEAVED)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
@@ -495,6 +656,8 @@ def _qkv_rope_kernel_persistent(
     EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    FLAT: tl.constexpr = False,
+    INTERLEAVED: tl.constexpr = False,
 ):
     """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
     is flattened with the K loop, so the next tile's loads overlap this epilogue."""
@@ -504,7 +667,8 @@ def _qkv_rope_kernel_persistent(
                   n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
                   HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
-                  GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED)
+                  GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED,
+                  FLAT, INTERLEAVED)
 
 
 # --------------------------------------------------------------------------
@@ -662,6 +826,15 @@ class QKVGemmConfig:
     # the CPU only: the interpreter (every path against float64) and an sm_90 compile
     # (QKV_WARP_SPECIALIZED_CONFIGS: producer warp group present, no spills).
     warp_specialize: bool = False
+    # The flat layout (``qkv_row_order(flat=True)``): W's rows in their own order, an
+    # N tile is block_n consecutive columns of the packed row across head boundaries
+    # (heads_per_tile 1), each pair with its own angle (cos/sin gathered per column);
+    # only the last tile is padded, and the tile is stored as contiguous columns
+    # (2-D TMA box) instead of heads x pairs. H200 exploration, 2026-12-03 (Kimi,
+    # 21,904-87,616 tokens): with the rotation compiled out 1.06-1.09x cuBLAS (the
+    # heads layout: 1.30-1.33x), with it 1.38-1.41x cuBLAS, level with the heads layout
+    # (the per-column cos/sin gathers cost what the store and padding saved).
+    flat_pairs: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -674,11 +847,20 @@ class QKVGemmConfig:
                 or self.num_stages < 1:
             raise ValueError(f"QKVGemmConfig.num_stages must be a positive int, "
                              f"got {self.num_stages!r}")
-        for name in ("persistent", "epilogue_subtile", "warp_specialize"):
+        for name in ("persistent", "epilogue_subtile", "warp_specialize", "flat_pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QKVGemmConfig.{name} must be a bool, "
                                 f"got {type(getattr(self, name)).__name__}")
-        if self.epilogue_subtile and self.heads_per_tile < 2:
+        if self.flat_pairs:
+            if self.heads_per_tile != 1:
+                raise ValueError("QKVGemmConfig.flat_pairs takes heads_per_tile=1 (a tile's pairs "
+                                 f"run across heads), got {self.heads_per_tile}")
+            if self.warp_specialize:
+                raise ValueError("QKVGemmConfig.flat_pairs has no warp-specialized kernel")
+            if self.block_n < (16 if self.epilogue_subtile else 4):
+                raise ValueError("QKVGemmConfig.flat_pairs needs block_n >= 4 (16 with "
+                                 "epilogue_subtile: eighths of whole pairs)")
+        elif self.epilogue_subtile and self.heads_per_tile < 2:
             raise ValueError("QKVGemmConfig.epilogue_subtile splits a tile's heads in two: "
                              "it needs heads_per_tile >= 2")
         if self.use_tma is not None and not isinstance(self.use_tma, bool):
@@ -697,6 +879,14 @@ class QKVGemmConfig:
         return self.block_n // (2 * self.heads_per_tile)
 
     @property
+    def store_columns(self) -> int:
+        """Contiguous columns of one store: a head's share of the tile (heads x pairs
+        layout) or the whole tile / its half with ``epilogue_subtile`` (flat pairs)."""
+        if self.flat_pairs:  # subtiled: eighths (``_flat_epilogue``)
+            return self.block_n // (8 if self.epilogue_subtile else 1)
+        return 2 * self.pairs_per_tile
+
+    @property
     def kernel_name(self) -> str:
         """The name of the Triton kernel this config launches (in this module)."""
         if self.warp_specialize:
@@ -710,6 +900,7 @@ class QKVGemmConfig:
         flags = [f for f, on in (("persistent", self.persistent),
                                  ("ws", self.warp_specialize),
                                  ("subtile", self.epilogue_subtile),
+                                 ("flat", self.flat_pairs),
                                  ("tma", self.use_tma is True),
                                  ("pointers", self.use_tma is False)) if on]
         return "/".join([f"{self.block_m}x{self.block_n}x{self.block_k}x{self.heads_per_tile}",
@@ -728,15 +919,19 @@ class QKVGemmConfig:
 # more than an H200's 227 KB); 128x128 tiles with one warp group, one program
 # per tile (98 KB, 166 registers at sm_90: two programs per SM, one's epilogue under
 # the other's mainloop). Left out after the H200 exploration run of 2026-12-03 (21,904
-# tokens): 256x128 tiles (1.27x the former default's time) and every warp-specialized
-# config (it hung: see QKVGemmConfig.warp_specialize). block_n and heads_per_tile
-# become the layout of least padding at that width (``with_layout``).
+# tokens): 256x128 tiles (1.27x the former default's time; again 1.35-1.42x in a run
+# of 2026-12-03 at 21,904-87,616 tokens) and every warp-specialized config (it hung:
+# see QKVGemmConfig.warp_specialize). The flat layout (persistent, subtiled) replaced
+# the one-program-per-tile 128x128 candidate (the slowest of the five at all three
+# token counts in the 2e381e165ba8 run) after an exploration run put it level with
+# the default. block_n and heads_per_tile become the layout of least padding at that
+# width (``with_layout``; a flat config stays as it is).
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
     QKVGemmConfig(persistent=False, epilogue_subtile=False),
     QKVGemmConfig(epilogue_subtile=False),
     QKVGemmConfig(persistent=False, num_stages=4, epilogue_subtile=False),
-    QKVGemmConfig(block_n=128, num_warps=4, persistent=False, epilogue_subtile=False),
+    QKVGemmConfig(heads_per_tile=1, flat_pairs=True),
 )
 
 # What ``tools/qkv_sweep.py`` times on a GPU: the candidates above and their
@@ -753,13 +948,12 @@ QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
                   epilogue_subtile=False),
     QKVGemmConfig(persistent=False, block_m=64, num_warps=4, num_stages=2,
                   epilogue_subtile=False),
-    # 256 tokens x 128 columns (16 heads x 4 pairs: Kimi's 36 pairs in 9 whole blocks,
-    # no zero-padded weight rows; 128x256 pads them to 40): the same operand bytes a
-    # K step as 128x256, two warp groups of 128x128 each
-    QKVGemmConfig(block_m=256, block_n=128),
-    QKVGemmConfig(block_m=256, block_n=128, epilogue_subtile=False),
-    QKVGemmConfig(block_m=256, block_n=128, persistent=False),
-    QKVGemmConfig(block_n=128, num_warps=4, num_stages=4),
+    # the flat layout (no padding but the last tile's; per-column angles), its
+    # epilogue in eighths (whole, in halves or quarters its cos/sin spill on sm_90)
+    QKVGemmConfig(block_n=128, num_warps=4, persistent=False, epilogue_subtile=False),
+    QKVGemmConfig(heads_per_tile=1, flat_pairs=True, persistent=False),
+    QKVGemmConfig(heads_per_tile=1, flat_pairs=True, num_stages=4),
+    QKVGemmConfig(heads_per_tile=1, flat_pairs=True, num_stages=4, persistent=False),
 )
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
@@ -843,9 +1037,12 @@ def _padded_rows(heads: int, head_dim: int, block_n: int, heads_per_tile: int) -
 
 def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
                 element_size: int = 2) -> QKVGemmConfig:
-    """``config`` with the N-tile layout ``qkv_gemm_config`` picks for this shape."""
+    """``config`` with the N-tile layout ``qkv_gemm_config`` picks for this shape
+    (a flat-pairs config fits every shape as it is)."""
     if not isinstance(config, QKVGemmConfig):
         raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
+    if config.flat_pairs:
+        return config
     block_n, hpt = tile_layout(heads, head_dim, widths=(config.block_n,),
                                min_pairs=max(1, 8 // element_size))
     subtile = config.epilogue_subtile and hpt >= 2
@@ -1040,7 +1237,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
     if permuted is None:
         permuted = permute_qkv_weight(w_qkv, b_qkv, heads, head_dim, block_n=config.block_n,
-                                      heads_per_tile=config.heads_per_tile)
+                                      heads_per_tile=config.heads_per_tile,
+                                      flat=config.flat_pairs)
     elif not isinstance(permuted, PermutedQKVWeight):
         raise TypeError(f"permuted must be a PermutedQKVWeight, got {type(permuted).__name__}")
     if (permuted.heads, permuted.head_dim) != (heads, head_dim) \
@@ -1049,10 +1247,12 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         raise ValueError("permuted weight was built for another shape, dtype or device "
                          f"({permuted.heads} heads x {permuted.head_dim}, "
                          f"{tuple(permuted.weight.shape)} {permuted.weight.dtype})")
-    if (permuted.block_n, permuted.heads_per_tile) != (config.block_n, config.heads_per_tile):
+    if (permuted.block_n, permuted.heads_per_tile, permuted.flat) \
+            != (config.block_n, config.heads_per_tile, config.flat_pairs):
         raise ValueError(f"permuted weight layout (block_n={permuted.block_n}, heads_per_tile="
-                         f"{permuted.heads_per_tile}) does not match the config (block_n="
-                         f"{config.block_n}, heads_per_tile={config.heads_per_tile})")
+                         f"{permuted.heads_per_tile}, flat={permuted.flat}) does not match the "
+                         f"config (block_n={config.block_n}, heads_per_tile="
+                         f"{config.heads_per_tile}, flat_pairs={config.flat_pairs})")
     if (b_qkv is None) != (permuted.bias is None):
         raise ValueError("permuted weight and b_qkv disagree on whether there is a bias")
 
@@ -1068,7 +1268,9 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         return out
     check_triton_device(x, "qkv_rope_linear")
 
-    out_heads = out.view(tokens, 3 * heads, head_dim)
+    # the store's view: (T, 3H, D) heads, or (T, 3H x D) rows for the flat-pairs layout
+    out_heads = (out.view(tokens, 3 * heads * head_dim) if config.flat_pairs
+                 else out.view(tokens, 3 * heads, head_dim))
     use_tma = config.use_tma
     if config.warp_specialize:
         # x and W through TMA, the output through pointers (see _qkv_rope_kernel_ws);
@@ -1079,8 +1281,13 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         use_tma = True
     elif use_tma is None:
         use_tma = (tma_supported(x.device) and _tma_aligned(x, permuted.weight, out_heads)
-                   and 2 * config.pairs_per_tile * x.element_size() >= 16)
+                   and config.store_columns * x.element_size() >= 16)
     store_heads = config.heads_per_tile // (2 if config.epilogue_subtile else 1)
+    if use_tma and not config.warp_specialize and config.store_columns * x.element_size() < 16:
+        raise ValueError(f"config.use_tma: a TMA store box needs at least 16 bytes a row; this "
+                         f"config stores {config.store_columns} columns at a time "
+                         f"({config.store_columns * x.element_size()} bytes): widen block_n or "
+                         "leave use_tma None")
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -1088,8 +1295,10 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         w_rows = config.block_n // (2 if config.warp_specialize else 1)
         x_arg = TensorDescriptor.from_tensor(x, [bm, bk])
         w_arg = TensorDescriptor.from_tensor(permuted.weight, [w_rows, bk])
-        out_arg = (out_heads if config.warp_specialize else TensorDescriptor.from_tensor(
-            out_heads, [bm, store_heads, 2 * config.pairs_per_tile]))
+        box = ([bm, config.store_columns] if config.flat_pairs
+               else [bm, store_heads, config.store_columns])
+        out_arg = (out_heads if config.warp_specialize
+                   else TensorDescriptor.from_tensor(out_heads, box))
     else:
         x_arg, w_arg, out_arg = x, permuted.weight, out_heads
 
@@ -1101,7 +1310,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
             table if angles else cos, table if angles else sin,
             coords if angles else table, table if not angles else freqs,
             tokens)
-    strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0), out_heads.stride(1),
+    strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0),
+               0 if config.flat_pairs else out_heads.stride(1),
                0 if angles else cos.stride(0), 0 if angles else cos.stride(1),
                0 if angles else sin.stride(0), 0 if angles else sin.stride(1))
     meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
@@ -1109,10 +1319,11 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
                 ANGLES=angles, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
-                INTERPRETED=triton_interpreter_enabled(),
+                INTERPRETED=triton_interpreter_enabled(), FLAT=config.flat_pairs,
+                INTERLEAVED=(config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)),
                 num_warps=config.num_warps, num_stages=config.num_stages)
     if config.warp_specialize:
-        del meta["EPILOGUE_SUBTILE"]
+        del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"]
         programs = min(num_tiles, _num_sms(x.device))
         _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
     elif config.persistent:
