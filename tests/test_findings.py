@@ -197,3 +197,17 @@ def test_peer_rows_of_the_qkv_gemm_without_provenance_are_a_caveat():
     assert "1 QuACK rows of `qkv_gemm.csv` name no package version" in said
     named = qkv.assign(peer_sha256=["f" * 64, None, None])
     assert "QuACK rows" not in "\n".join(caveats_section({"qkv_gemm": named}))
+
+
+def test_qkv_lines_name_the_config_and_split_mainloop_from_rotation():
+    from rope_kernels.study.findings import qkv_section
+
+    rows = [("cublas_linear", None, 100.0), ("qkv_rope_linear", "A/flat", 130.0),
+            ("qkv_gemm_rotation_compiled_out", "A/flat", 104.0)]
+    qkv = pd.DataFrame([{"variant": v, "tokens": 21904, "mode": "cudagraph", "config": c,
+                         "median_us": us} for v, c, us in rows])
+    text = "\n".join(qkv_section({"qkv_gemm": qkv}))
+    assert "21,904 tokens `A/flat`: mainloop and store 104.0 us (1.04x cuBLAS), the rotation +25.0%" in text
+    # a compiled-out row of another config is not a split of this one: no line
+    other = qkv.assign(config=["", "A/flat", "B"])
+    assert "mainloop and store" not in "\n".join(qkv_section({"qkv_gemm": other}))

@@ -792,13 +792,16 @@ class QKVGemmConfig:
 
     The defaults: 128x256x64 tiles (16 heads x 8 pairs, Kimi's 36 pairs padded to 40),
     3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM) with the
-    subtiled epilogue (a tile rotated and stored in two halves of its heads): the
-    fastest of notebook 05_qkv_gemm's five candidates at each of 21,904, 43,808 and
-    87,616 tokens on an H200 (``data/nvidia-h200/qkv_gemm_sweep.csv`` at commit
-    2e381e165ba8: 1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs; the study's
-    ``qkv_rope_linear`` rows of that run are this config). Notebook 05_qkv_gemm
-    re-measures ``QKV_CANDIDATE_CONFIGS`` at all three token counts in every GPU run
-    and reports the best; ``tools/qkv_sweep.py`` sweeps more.
+    subtiled epilogue (a tile rotated and stored in two halves of its heads). On an
+    H200 (1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs; ``data/nvidia-h200/
+    qkv_gemm_sweep.csv``): the fastest of notebook 05_qkv_gemm's five candidates at
+    each of 21,904, 43,808 and 87,616 tokens at commit 2e381e165ba8; at d0cddacf49ec
+    (the flat layout among the candidates) the fastest at 87,616 tokens (the encoder's
+    16-image bucket), level with the flat layout at 43,808 (p20-p80 overlap) and 0.8%
+    slower than it at 21,904. Notebook 05_qkv_gemm re-measures
+    ``QKV_CANDIDATE_CONFIGS`` at all three token counts in every GPU run and its
+    ``qkv_rope_linear`` rows are the best of them per token count;
+    ``tools/qkv_sweep.py`` sweeps more.
 
     ``warp_specialize=True`` HUNG on an H200 (Triton 3.6; exploration run of
     2026-12-03, 21,904 tokens: no output for ~170 s until a 180 s timeout): do not

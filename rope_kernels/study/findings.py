@@ -413,7 +413,31 @@ def qkv_section(files: dict) -> list[str]:
         out.append("| " + " | ".join([f"{int(t):,}"] + [
             "-" if pd.isna(r[v]) else f"{r[v]:.1f} ({r[v] / base:.2f}x)" if pd.notna(base) else f"{r[v]:.1f}"
             for v in variants]) + " |")
+    out += _qkv_split_lines(cold)
     return out
+
+
+def _qkv_split_lines(cold: pd.DataFrame) -> list[str]:
+    """Per token count: the config of ``qkv_rope_linear`` (the fastest candidate of the
+    run) and where its time goes (the same config with the rotation compiled out)."""
+    if "config" not in cold.columns:
+        return []
+    parts = []
+    for t, g in cold.groupby("tokens", sort=True):
+        by = {r.variant: r for r in g.itertuples()}
+        ours, out_ = by.get("qkv_rope_linear"), by.get("qkv_gemm_rotation_compiled_out")
+        base = by.get("cublas_linear")
+        if ours is None or out_ is None or base is None or pd.isna(ours.median_us) \
+                or pd.isna(out_.median_us) or out_.config != ours.config:
+            continue
+        parts.append(f"{int(t):,} tokens `{ours.config}`: mainloop and store {out_.median_us:.1f} us "
+                     f"({out_.median_us / base.median_us:.2f}x cuBLAS), the rotation "
+                     f"+{100 * (ours.median_us / out_.median_us - 1):.1f}%")
+    if not parts:
+        return []
+    return ["", "- `qkv_rope_linear` at the fastest of the run's candidate configs, and the same kernel "
+            "and config with the rotation compiled out (`qkv_gemm_rotation_compiled_out`): "
+            + "; ".join(parts) + "."]
 
 
 def targets_section(files: dict) -> list[str]:
