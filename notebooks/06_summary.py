@@ -33,10 +33,11 @@ from pathlib import Path
 import pandas as pd
 
 from rope_kernels.study.devices import data_line
+from rope_kernels.study.notebooks import report_display
 from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import all_devices, load_device_tables
 
-pd.set_option("display.width", 200)
+report_display()  # whole tables (no "..."), quiet known warnings, the report plot style
 summary = all_devices(Path(data_root), device_folders)
 with_units(summary).T if len(summary) else "no device data yet"
 

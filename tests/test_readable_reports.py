@@ -25,6 +25,22 @@ def test_notebook_tables_are_whole():
         assert "..." not in page and page.count("<tr>") == 120  # every body row
 
 
+def test_every_notebook_shows_whole_tables():
+    """Each notebook's code calls notebook_setup or report_display (06_summary, which needs
+    no device, printed its targets' "what" cut at 50 characters before it did), and
+    report_display alone gives whole tables."""
+    from rope_kernels.study.notebooks import code_cells, notebook_paths, report_display
+
+    for path in notebook_paths():
+        code = "\n".join(code_cells(path))
+        assert re.search(r"\b(notebook_setup|report_display)\(", code), path.name
+    names = ("display.width", "display.max_columns", "display.max_rows", "display.max_colwidth")
+    with pd.option_context(*[x for n in names for x in (n, pd.get_option(n))]):
+        pd.set_option("display.max_colwidth", 50)
+        report_display()
+        assert "..." not in repr(pd.DataFrame({"what": ["y" * 120]}))
+
+
 def test_html_reports_scroll_long_outputs(tmp_path):
     from rope_kernels.study.reports import SCROLL_CSS, notebook_to_html
 

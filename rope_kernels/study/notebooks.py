@@ -31,9 +31,10 @@ QUIET_WARNINGS = (
 )
 
 
-def notebook_setup(device: str = "auto"):
-    """Every notebook's first code: quiet known warnings, pandas display, the report
-    plot style; returns (device kind, torch.device) as :func:`resolve_device`."""
+def report_display() -> None:
+    """Quiet known warnings, whole pandas tables (never "...": the HTML export scrolls
+    long ones, reports.SCROLL_CSS) and the report plot style: what every notebook
+    needs, with or without a device (06_summary reads committed CSVs only)."""
     import warnings
 
     import pandas as pd
@@ -42,12 +43,17 @@ def notebook_setup(device: str = "auto"):
 
     for category, message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
-    # Whole tables, never "...": the HTML export scrolls long ones (reports.SCROLL_CSS).
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", None)
     pd.set_option("display.max_rows", None)
     pd.set_option("display.max_colwidth", None)
     use_report_style()
+
+
+def notebook_setup(device: str = "auto"):
+    """Every device notebook's first code: ``report_display``; returns (device kind,
+    torch.device) as :func:`resolve_device`."""
+    report_display()
     return resolve_device(device)
 
 
