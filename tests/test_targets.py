@@ -330,10 +330,11 @@ def test_a_ratio_beyond_the_same_bytes_copy_is_named_out_of_reach():
     v = verdicts_of("kimi_1.05x_sglang_vision", tables)
     assert set(v.verdict) == {"missed"}
     assert v["limit"].iloc[0] == pytest.approx(103.0 / 99.0)
-    assert v["detail"].str.contains("out of reach").all()
+    assert v["out_of_reach"].all() and v["detail"].str.contains("out of reach").all()
     m["same_bytes_copy_us"] = 90.0  # 1.144x: reachable, a plain miss
     v = verdicts_of("kimi_1.05x_sglang_vision", tables)
-    assert set(v.verdict) == {"missed"} and not v["detail"].str.contains("out of reach").any()
+    assert set(v.verdict) == {"missed"} and not v["out_of_reach"].any()
+    assert not v["detail"].str.contains("out of reach").any()
     del m["same_bytes_copy_us"]  # rows without the column: no bound, no claim
     v = verdicts_of("kimi_1.05x_sglang_vision", tables)
     assert v["limit"].isna().all() and not v["detail"].str.contains("out of reach").any()

@@ -325,6 +325,20 @@ def _config(xq, config):
     return config
 
 
+def _prepare(xq, xk, inplace, config, who: str):
+    """What every candidate launcher does before its launch: (config, q_out, k_out,
+    (main, rest, vec)); the last is None when there is nothing to launch (no tokens or
+    heads)."""
+    config = _config(xq, config)
+    q_out, k_out = _outputs(xq, xk, inplace, who)
+    _, heads, head_dim = xq.shape
+    if xq.shape[0] == 0 or heads == 0:
+        return config, q_out, k_out, None
+    check_triton_device(xq, who)
+    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    return config, q_out, k_out, (*head_dim_chunks(head_dim), vec)
+
+
 def fused_qk_rope_tiles(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor, *, inplace: bool = False,
                         config: TilesConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,14 +347,11 @@ def fused_qk_rope_tiles(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
     ``fused_qk_rope`` (no autograd, no ``out=``)."""
     check_qk(xq, xk)
     check_cos_sin(cos, sin, xq)
-    config = _config(xq, config)
-    q_out, k_out = _outputs(xq, xk, inplace, "fused_qk_rope_tiles")
-    tokens, heads, head_dim = xq.shape
-    if tokens == 0 or heads == 0:
+    config, q_out, k_out, launch = _prepare(xq, xk, inplace, config, "fused_qk_rope_tiles")
+    if launch is None:
         return q_out, k_out
-    check_triton_device(xq, "fused_qk_rope_tiles")
-    main, rest = head_dim_chunks(head_dim)
-    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    tokens, heads, head_dim = xq.shape
+    main, rest, vec = launch
     _fused_qk_rope_tiles_kernel[tiles_grid(tokens, heads, config)](
         xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
@@ -379,14 +390,11 @@ def fused_qk_rope_persistent(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tens
     for name, v in (("programs_per_sm", programs_per_sm), ("num_stages", num_stages)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    config = _config(xq, config)
-    q_out, k_out = _outputs(xq, xk, inplace, "fused_qk_rope_persistent")
-    tokens, heads, head_dim = xq.shape
-    if tokens == 0 or heads == 0:
+    config, q_out, k_out, launch = _prepare(xq, xk, inplace, config, "fused_qk_rope_persistent")
+    if launch is None:
         return q_out, k_out
-    check_triton_device(xq, "fused_qk_rope_persistent")
-    main, rest = head_dim_chunks(head_dim)
-    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    tokens, heads, head_dim = xq.shape
+    main, rest, vec = launch
     _fused_qk_rope_persistent_kernel[persistent_grid(tokens, heads, config, programs_per_sm,
                                                      xq.device)](
         xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
@@ -429,16 +437,12 @@ def fused_qk_rope_angles(xq: torch.Tensor, xk: torch.Tensor, coords: torch.Tenso
     """
     check_qk(xq, xk)
     _check_coords_freqs(coords, freqs, xq)
-    config = _config(xq, config)
-    q_out, k_out = _outputs(xq, xk, inplace, "fused_qk_rope_angles")
-    tokens, heads, head_dim = xq.shape
-    if tokens == 0 or heads == 0:
+    config, q_out, k_out, launch = _prepare(xq, xk, inplace, config, "fused_qk_rope_angles")
+    if launch is None:
         return q_out, k_out
-    check_triton_device(xq, "fused_qk_rope_angles")
-    main, rest = head_dim_chunks(head_dim)
-    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    grid = (triton.cdiv(tokens, config.block_t) * triton.cdiv(heads, config.block_h),)
-    _fused_qk_rope_angles_kernel[grid](
+    tokens, heads, head_dim = xq.shape
+    main, rest, vec = launch
+    _fused_qk_rope_angles_kernel[tiles_grid(tokens, heads, config)](
         xq, xk, q_out, k_out, coords, freqs, tokens, *_strides(xq, xk, q_out, k_out, vec),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
         BLOCK_H=config.block_h, VEC=vec, num_warps=config.num_warps,

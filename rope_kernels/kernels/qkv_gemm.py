@@ -430,37 +430,25 @@ def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tok
 
 
 @triton.jit
-def _flat_halves(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
-    """COLS columns as two halves, each through ``_flat_quarters``."""
-    H: tl.constexpr = COLS // 2
-    xa, xb = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, H)), (0, 2, 1)))
-    _flat_quarters(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
-    _flat_quarters(xb, col0 + H, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+def _col_halves(x, BLOCK_M: tl.constexpr, COLS: tl.constexpr):
+    """x (BLOCK_M, COLS) as its two halves of contiguous columns."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, COLS // 2)), (0, 2, 1)))
 
 
 @triton.jit
-def _flat_quarters(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
+def _flat_store_halves(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                       out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                       INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
     """``_flat_store`` of COLS columns as two stores of COLS/2 contiguous columns."""
-    H: tl.constexpr = COLS // 2
-    xa, xb = tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, H)), (0, 2, 1)))
+    xa, xb = _col_halves(x, BLOCK_M, COLS)
     _flat_store(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
-    _flat_store(xb, col0 + H, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                HEAD_DIM, BLOCK_M, COLS // 2, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    _flat_store(xb, col0 + COLS // 2, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, H, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+                HEAD_DIM, BLOCK_M, COLS // 2, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
 
 
 @triton.jit
@@ -474,15 +462,27 @@ def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_
     row, in eight stores of BLOCK_N/8 columns with ``EPILOGUE_SUBTILE`` (each column
     has its own cos/sin: at 128x256 on 8 warps, whole, in halves or in quarters, the
     persistent kernel spills on sm_90; in eighths it does not)."""
-    if EPILOGUE_SUBTILE:
-        HALF: tl.constexpr = BLOCK_N // 2
-        xa, xb = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        _flat_halves(xa, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                     HEAD_DIM, BLOCK_M, HALF, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
-        _flat_halves(xb, n0 + HALF, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                     HEAD_DIM, BLOCK_M, HALF, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    if EPILOGUE_SUBTILE:  # quarters, each stored as two eighths
+        Q: tl.constexpr = BLOCK_N // 4
+        xa, xb = _col_halves(acc, BLOCK_M, BLOCK_N)
+        x0, x1 = _col_halves(xa, BLOCK_M, 2 * Q)
+        x2, x3 = _col_halves(xb, BLOCK_M, 2 * Q)
+        _flat_store_halves(x0, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
+                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
+                           INTERLEAVED, USE_TMA)
+        _flat_store_halves(x1, n0 + Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
+                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
+                           INTERLEAVED, USE_TMA)
+        _flat_store_halves(x2, n0 + 2 * Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
+                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
+                           INTERLEAVED, USE_TMA)
+        _flat_store_halves(x3, n0 + 3 * Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
+                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
+                           INTERLEAVED, USE_TMA)
     else:
         _flat_store(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
@@ -526,7 +526,7 @@ def _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n
     head0 = (pid_n // PAIR_BLOCKS) * HEADS_PER_TILE
     pair0 = (pid_n % PAIR_BLOCKS) * PAIRS
     # columns [0, BLOCK_N/2) hold the even members of the tile's pairs, the rest the odd
-    x0, x1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    x0, x1 = _col_halves(acc, BLOCK_M, BLOCK_N)
     x0 = tl.reshape(x0, (BLOCK_M, HEADS_PER_TILE, PAIRS))
     x1 = tl.reshape(x1, (BLOCK_M, HEADS_PER_TILE, PAIRS))
     if ROTATE:

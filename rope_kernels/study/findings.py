@@ -448,9 +448,8 @@ def targets_section(files: dict) -> list[str]:
            "`python -m rope_kernels targets`): "
            + ", ".join(f"{int(counts[v])} {v}" for v in T.VERDICTS if v in counts) + ".", "",
            T.markdown_table(s[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])]
-    if len(verdicts) and "limit" in verdicts.columns:
-        beyond = verdicts[(verdicts["verdict"] == "missed")
-                          & verdicts["detail"].astype(str).str.contains("out of reach")]
+    if len(verdicts) and "out_of_reach" in verdicts.columns:
+        beyond = verdicts[verdicts["out_of_reach"].fillna(False).astype(bool)]
         if len(beyond):
             out += ["", f"{len(beyond)} missed verdict row(s) ask for more than a copy of the same "
                     "bytes reaches (peer time / same-bytes copy time below the threshold): "

@@ -363,11 +363,12 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
             detail = f"{target.against} {peer_t:.1f} us, {ours} {our_t:.1f} us"
             copy_t = copies.get((ours, *shape), float("nan"))
             limit = peer_t / copy_t if math.isfinite(copy_t) and copy_t > 0 else float("nan")
-            if verdict == "missed" and op_ok(target, limit) is False:
+            out_of_reach = verdict == "missed" and op_ok(target, limit) is False
+            if out_of_reach:
                 detail += (f"; out of reach: a copy of the same bytes ({copy_t:.1f} us) is only "
                            f"{limit:.3f}x {target.against}")
             out.append(_verdict_row(target, mode, text, ours, ratio, verdict, detail,
-                                    in_place=peer_inplace, limit=limit))
+                                    in_place=peer_inplace, limit=limit, out_of_reach=out_of_reach))
     return out
 
 
