@@ -3,7 +3,11 @@
 For a few shapes, times the RoPE variants and every copy tiling in the same rounds
 (``bench.microbench.bench_shape``, cold L2, CUDA graphs) and prints each tiling's
 median beside the variants', and which variants beat the fastest copy of their kind.
-Usage: python tools/copy_explore.py [--quick]"""
+Usage: python tools/copy_explore.py [--quick] [--small [--extra]]
+
+--small: the launch-bound shapes (at most 5,476 tokens); --extra: time, beside the
+family, candidate tilings that are not in it (more warps per token, other flat blocks),
+to find a member that is a limit where the family is not."""
 
 import sys
 
@@ -24,7 +28,18 @@ def spy(timings, inplace):
 
 
 mb.fastest_copy = spy
+EXTRA = []
+if "--extra" in sys.argv:
+    from rope_kernels.bench import same_bytes_copy as sbc
+    EXTRA = [sbc.CopyTiling("tokens", block_t=t, num_warps=w) for t, w in ((1, 2), (1, 4), (2, 4), (4, 8))]
+    EXTRA += [sbc.CopyTiling("flat", block=b, num_warps=w)
+              for b, w in ((128, 1), (512, 2), (512, 4), (2048, 4), (4096, 8))]
+    EXTRA += [sbc.CopyTiling("fused", block_t=t, num_warps=w) for t, w in ((1, 1), (1, 2), (1, 4), (2, 4))]
+    _family = mb.same_bytes_copy_tilings
+    mb.same_bytes_copy_tilings = lambda *a: tuple(dict.fromkeys(_family(*a) + tuple(EXTRA)))
 NAMES = ("fused", "fused_inplace", "sglang_vision", "vllm_packed_qk", "sglang_kimi_k25")
+if "--small" in sys.argv:  # no JIT-built peer (QuACK needs its install)
+    NAMES = NAMES[:4]
 variants = [v for n, v in registry().items() if n in NAMES]
 print("variants:", [v.name for v in variants], flush=True)
 shapes = [mb.Shape(256, 3, 128), mb.Shape(1024, 2, 72), mb.Shape(21904, 2, 72),
@@ -32,6 +47,9 @@ shapes = [mb.Shape(256, 3, 128), mb.Shape(1024, 2, 72), mb.Shape(21904, 2, 72),
           mb.Shape(87616, 16, 72), mb.Shape(5476, 16, 72)]
 if "--quick" in sys.argv:
     shapes = shapes[1:4]
+if "--small" in sys.argv:
+    shapes = [mb.Shape(256, 3, 128), mb.Shape(256, 6, 128), mb.Shape(256, 16, 72),
+              mb.Shape(1024, 2, 72), mb.Shape(1024, 16, 72), mb.Shape(5476, 2, 72)]
 ceiling = copy_bandwidth_gbps("cuda")
 print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
 pd.set_option("display.width", 250)

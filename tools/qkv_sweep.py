@@ -89,7 +89,8 @@ def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEA
                 ("cublas_linear+fused_rope", "", lambda a: qb.linear_then_fused_rope(
                      a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim))]
         for c in configs:
-            for name in ("qkv_rope_linear", "qkv_gemm_rotation_compiled_out"):
+            for name in ("qkv_rope_linear", "qkv_rope_linear_angles",
+                         "qkv_gemm_rotation_compiled_out"):
                 runs.append((name, c.label, qb.ours(name, c, heads, head_dim)))
         for name, label, fn in runs:
             timing, note, checked, spent = qb.measure_variant(name, fn, arg_sets, refs,

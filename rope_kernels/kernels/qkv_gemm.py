@@ -351,19 +351,43 @@ def _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constex
 # --------------------------------------------------------------------------
 
 
+ANGLES_TABLE, ANGLES_PRECISE, ANGLES_FAST = 0, 1, 2  # the kernels' ANGLES constexpr
+
+
+@triton.jit
+def _cos_sin_of(angle, FAST: tl.constexpr):
+    """cos and sin of fp32 angles (radians). The angle is first reduced to
+    [-pi, pi] in turns (``angle / 2pi`` minus its nearest integer, times 2pi: Kimi's
+    angles reach ~75 rad at 16 x 1024x1024, the reduction adds at most ~1e-5 rad),
+    then FAST (CUDA): the SFU's ``cos.approx``/``sin.approx`` (abs error ~5e-7 on
+    [-pi, pi], two instructions a pair); else ``tl.cos``/``tl.sin`` (libdevice or
+    the interpreter's numpy)."""
+    turns = angle * 0.15915494309189535
+    reduced = (turns - tl.floor(turns + 0.5)) * 6.283185307179586
+    if FAST:
+        c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [reduced],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [reduced],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        c = tl.cos(reduced)
+        s = tl.sin(reduced)
+    return c, s
+
+
 @triton.jit
 def _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
              cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, ANGLES: tl.constexpr):
-    """cos/sin (BLOCK_M, PAIRS) of the tile's pairs for each token, fp32."""
+    """cos/sin (BLOCK_M, PAIRS) of the tile's pairs for each token, fp32: from the
+    tables (ANGLES 0), or from the token's patch coordinates and the frequencies
+    (ANGLES 1: ``tl.cos``/``tl.sin``; 2: the SFU's, CUDA only)."""
     if ANGLES:
         # Kimi: pair 2i turns by col * f_i, pair 2i+1 by row * f_i (one fp32 multiply)
         row = tl.load(coords_ptr + tokens * 2, mask=token_ok, other=0).to(tl.float32)
         col = tl.load(coords_ptr + tokens * 2 + 1, mask=token_ok, other=0).to(tl.float32)
         f = tl.load(freqs_ptr + pairs // 2, mask=pair_ok, other=0.0)
         pos = tl.where((pairs % 2 == 0)[None, :], col[:, None], row[:, None])
-        angle = pos * f[None, :]
-        c = tl.cos(angle)
-        s = tl.sin(angle)
+        c, s = _cos_sin_of(pos * f[None, :], ANGLES == 2)  # ANGLES_FAST
     else:
         mask = token_ok[:, None] & pair_ok[None, :]
         c = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + pairs[None, :] * cos_stride_d,
@@ -397,29 +421,44 @@ def _rope_store(x0, x1, c, s, out, m0, head0, pair0, n_tokens, out_stride_t, out
 
 
 @triton.jit
+def _flat_cs(col0, cos_ptr, cos_stride_t, m0, n_tokens, HEAD_DIM: tl.constexpr,
+             BLOCK_M: tl.constexpr, COLS: tl.constexpr, CS_VEC: tl.constexpr):
+    """Interleaved cos/sin (cos/sin are a complex freqs_cis's views, [c0, s0, c1, s1,
+    ...]) of COLS columns from col0, for the tile's tokens: column n's entry is the
+    token's value at ``n % D``, the cos (even n) or sin (odd n) of column n's pair:
+    one contiguous gather in the tile's own layout. ``cos_stride_t`` is in units of
+    CS_VEC floats, and CS_VEC divides D, col0 and COLS (the launcher's ``cs_vec``): so
+    ``n % D`` runs contiguously in aligned groups of CS_VEC and each group is one
+    vector load (4 floats: 16 bytes)."""
+    tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
+    offsets = (col0 + tl.arange(0, COLS)) % HEAD_DIM
+    if CS_VEC > 1:
+        offsets = tl.max_contiguous(tl.multiple_of(offsets, CS_VEC), CS_VEC)
+    return tl.load(cos_ptr + tokens[:, None] * (cos_stride_t * CS_VEC) + offsets[None, :],
+                   mask=(tokens < n_tokens)[:, None], other=0.0)
+
+
+@triton.jit
 def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                 COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
+                INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
     """Flat layout: rotate COLS consecutive columns of the packed row (W's own order:
     column ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) and
     store them. Adjacent columns are a pair, so splitting them is free in registers.
-    INTERLEAVED (cos/sin are a complex freqs_cis's views, [c0, s0, c1, s1, ...]): the
-    token's value at ``n % D`` is the cos (even n) or sin (odd n) of column n's pair,
-    one contiguous gather in the tile's own layout; else cos/sin per pair."""
+    INTERLEAVED: the columns' cos/sin in one vectorized gather (``_flat_cs``); else
+    cos/sin per pair (two tables, or angles)."""
     if ROTATE:
         tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
-        token_ok = tokens < n_tokens
         x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, COLS // 2, 2)))
         pairs = col0 // 2 + tl.arange(0, COLS // 2)
         if INTERLEAVED and not ANGLES:
-            cols = col0 + tl.arange(0, COLS)
-            cs = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + (cols % HEAD_DIM)[None, :],
-                         mask=token_ok[:, None], other=0.0)
+            cs = _flat_cs(col0, cos_ptr, cos_stride_t, m0, n_tokens, HEAD_DIM, BLOCK_M, COLS,
+                          CS_VEC)
             c, s = tl.split(tl.reshape(cs, (BLOCK_M, COLS // 2, 2)))
         else:
-            c, s = _cos_sin(tokens, token_ok, pairs % (HEAD_DIM // 2),
+            c, s = _cos_sin(tokens, tokens < n_tokens, pairs % (HEAD_DIM // 2),
                             pairs < 3 * HEADS * (HEAD_DIM // 2), cos_ptr, sin_ptr, coords_ptr,
                             freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                             ANGLES)
@@ -436,19 +475,28 @@ def _col_halves(x, BLOCK_M: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _flat_store_halves(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                       out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                       COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                       INTERLEAVED: tl.constexpr, USE_TMA: tl.constexpr):
-    """``_flat_store`` of COLS columns as two stores of COLS/2 contiguous columns."""
-    xa, xb = _col_halves(x, BLOCK_M, COLS)
-    _flat_store(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, COLS // 2, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
-    _flat_store(xb, col0 + COLS // 2, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                HEAD_DIM, BLOCK_M, COLS // 2, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+def _flat_stores(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                 HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 COLS: tl.constexpr, STORE_COLS: tl.constexpr, ROTATE: tl.constexpr,
+                 ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+                 USE_TMA: tl.constexpr):
+    """``_flat_store`` of COLS columns as stores of STORE_COLS contiguous columns, in
+    column order (halves, recursively)."""
+    if COLS == STORE_COLS:
+        _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                    out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                    HEAD_DIM, BLOCK_M, COLS, ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
+    else:
+        xa, xb = _col_halves(x, BLOCK_M, COLS)
+        _flat_stores(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                     HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE, ANGLES,
+                     INTERLEAVED, CS_VEC, USE_TMA)
+        _flat_stores(xb, col0 + COLS // 2, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                     n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
+                     sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE,
+                     ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
 
 
 @triton.jit
@@ -457,36 +505,15 @@ def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_
                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
                    INTERLEAVED: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-                   USE_TMA: tl.constexpr):
+                   CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
     """The flat tile (bias already added): columns n0 ... n0 + BLOCK_N of the packed
     row, in eight stores of BLOCK_N/8 columns with ``EPILOGUE_SUBTILE`` (each column
     has its own cos/sin: at 128x256 on 8 warps, whole, in halves or in quarters, the
-    persistent kernel spills on sm_90; in eighths it does not)."""
-    if EPILOGUE_SUBTILE:  # quarters, each stored as two eighths
-        Q: tl.constexpr = BLOCK_N // 4
-        xa, xb = _col_halves(acc, BLOCK_M, BLOCK_N)
-        x0, x1 = _col_halves(xa, BLOCK_M, 2 * Q)
-        x2, x3 = _col_halves(xb, BLOCK_M, 2 * Q)
-        _flat_store_halves(x0, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
-                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
-                           INTERLEAVED, USE_TMA)
-        _flat_store_halves(x1, n0 + Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
-                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
-                           INTERLEAVED, USE_TMA)
-        _flat_store_halves(x2, n0 + 2 * Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
-                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
-                           INTERLEAVED, USE_TMA)
-        _flat_store_halves(x3, n0 + 3 * Q, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                           n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
-                           sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, Q, ROTATE, ANGLES,
-                           INTERLEAVED, USE_TMA)
-    else:
-        _flat_store(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                    out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                    HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED, USE_TMA)
+    persistent kernel spills on sm_90; in eighths it does not), else in one."""
+    _flat_stores(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                 out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                 HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // (8 if EPILOGUE_SUBTILE else 1), ROTATE,
+                 ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
 
 
 @triton.jit
@@ -496,7 +523,7 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
                    PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
                    ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr,
-                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr):
+                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr):
     """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D) (or, in
     the flat-pairs layout, to its (T, 3H x D) view)."""
     if HAS_BIAS:
@@ -505,7 +532,7 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
         _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_tokens,
                        out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                        HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED,
-                       EPILOGUE_SUBTILE, USE_TMA)
+                       EPILOGUE_SUBTILE, CS_VEC, USE_TMA)
     else:
         _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n, n_tokens,
                         out_stride_t, out_stride_h, cos_stride_t, cos_stride_d, sin_stride_t,
@@ -582,7 +609,7 @@ def _qkv_tile(
     HEADS_PER_TILE: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr, FLAT: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) output tile: mainloop, then epilogue."""
     pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M), HEAD_BLOCKS * PAIR_BLOCKS,
@@ -595,7 +622,7 @@ def _qkv_tile(
                    n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
                    sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
                    HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, FLAT,
-                   INTERLEAVED)
+                   INTERLEAVED, CS_VEC)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -623,6 +650,7 @@ def _qkv_rope_kernel(
     INTERPRETED: tl.constexpr,
     FLAT: tl.constexpr = False,  # the flat layout (QKVGemmConfig.flat_pairs)
     INTERLEAVED: tl.constexpr = False,  # cos/sin are freqs_cis's views (flat layout's load)
+    CS_VEC: tl.constexpr = 1,  # flat, interleaved: cos_stride_t is in units of CS_VEC floats
 ):
     """One program per output tile."""
     _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
@@ -630,7 +658,7 @@ def _qkv_rope_kernel(
               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
               HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
               HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED, FLAT,
-              INTERLEAVED)
+              INTERLEAVED, CS_VEC)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
@@ -658,6 +686,7 @@ def _qkv_rope_kernel_persistent(
     INTERPRETED: tl.constexpr,
     FLAT: tl.constexpr = False,
     INTERLEAVED: tl.constexpr = False,
+    CS_VEC: tl.constexpr = 1,
 ):
     """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
     is flattened with the K loop, so the next tile's loads overlap this epilogue."""
@@ -668,7 +697,7 @@ def _qkv_rope_kernel_persistent(
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
                   HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
                   GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED,
-                  FLAT, INTERLEAVED)
+                  FLAT, INTERLEAVED, CS_VEC)
 
 
 # --------------------------------------------------------------------------
@@ -838,7 +867,6 @@ class QKVGemmConfig:
     # heads layout: 1.30-1.33x), with it 1.38-1.41x cuBLAS, level with the heads layout
     # (the per-column cos/sin gathers cost what the store and padding saved).
     flat_pairs: bool = False
-
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
             _check_power_of_two(f"QKVGemmConfig.{name}", getattr(self, name))
@@ -1051,6 +1079,17 @@ def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
     subtile = config.epilogue_subtile and hpt >= 2
     return QKVGemmConfig(**{**config.__dict__, "block_n": block_n, "heads_per_tile": hpt,
                             "epilogue_subtile": subtile})
+
+
+def _flat_cs_vector(cos: torch.Tensor, head_dim: int, config: QKVGemmConfig) -> int:
+    """The widest fp32 vector (4, 2 or 1 floats) of the flat epilogue's interleaved
+    cos/sin loads: it divides head_dim, the token stride, a store's columns and the
+    base address (``_flat_cs``)."""
+    vec = 4
+    while vec > 1 and (head_dim % vec or cos.stride(0) % vec or config.store_columns % vec
+                       or cos.data_ptr() % (4 * vec)):
+        vec //= 2
+    return vec
 
 
 def tma_supported(device: torch.device) -> bool:
@@ -1307,26 +1346,30 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
 
     num_tiles = triton.cdiv(tokens, config.block_m) * permuted.head_blocks * permuted.pair_blocks
     angles = coords is not None
+    # in-kernel angles: the SFU's cos/sin on CUDA GPUs, tl.cos/tl.sin elsewhere
+    fast = not triton_interpreter_enabled() and torch.version.hip is None
+    angles_mode = (ANGLES_FAST if fast else ANGLES_PRECISE) if angles else ANGLES_TABLE
     table = freqs if angles else cos  # fp32 stand-ins for the inputs a variant does not read
     args = (x_arg, w_arg, out_arg,
             permuted.bias if permuted.bias is not None else table,
             table if angles else cos, table if angles else sin,
             coords if angles else table, table if not angles else freqs,
             tokens)
+    interleaved = config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)
+    cs_vec = _flat_cs_vector(cos, head_dim, config) if interleaved else 1
     strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0),
                0 if config.flat_pairs else out_heads.stride(1),
-               0 if angles else cos.stride(0), 0 if angles else cos.stride(1),
+               0 if angles else cos.stride(0) // cs_vec, 0 if angles else cos.stride(1),
                0 if angles else sin.stride(0), 0 if angles else sin.stride(1))
     meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
                 PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
-                ANGLES=angles, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
+                ANGLES=angles_mode, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
                 INTERPRETED=triton_interpreter_enabled(), FLAT=config.flat_pairs,
-                INTERLEAVED=(config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)),
-                num_warps=config.num_warps, num_stages=config.num_stages)
+                INTERLEAVED=interleaved, CS_VEC=cs_vec, num_warps=config.num_warps, num_stages=config.num_stages)
     if config.warp_specialize:
-        del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"]
+        del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"], meta["CS_VEC"]
         programs = min(num_tiles, _num_sms(x.device))
         _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
     elif config.persistent:
