@@ -297,19 +297,15 @@ def test_tile_layout_heuristic():
     assert tile_layout(12, 128) == (128, 4)  # 36 heads: 4 | 36, 16 pairs | 64
     assert tile_layout(16, 72, widths=(256,)) == (256, 16)  # 36 pairs padded to 40
     cuda = torch.device("cuda")
-    # NVIDIA, Kimi at TP 1: the measured best, 256-wide tiles of 16 heads x 8 pairs,
-    # persistent
-    config = qkv_gemm_config(16, 72, cuda)
-    assert config == QKVGemmConfig()
-    assert (config.block_n, config.heads_per_tile, config.pairs_per_tile) == (256, 16, 8)
-    assert config.persistent and not config.warp_specialize
-    assert config.kernel_name == "_qkv_rope_kernel_persistent"
-    # Kimi at TP 8 (2 heads): 256 wide pads 6 x 36 pairs to 384 rows against 288 at
-    # 64 wide: the narrow layout, with the defaults' other settings
-    config = qkv_gemm_config(2, 72, cuda)
-    assert (config.block_n, config.heads_per_tile) == (64, 8)
-    assert (config.block_m, config.block_k, config.num_stages) == (128, 64, 3)
-    assert config.persistent
+    # NVIDIA, any heads: the measured best at Kimi's TP 1, the flat layout (256
+    # consecutive columns a tile) with the defaults' other settings, persistent
+    for heads in (16, 2):
+        config = qkv_gemm_config(heads, 72, cuda)
+        assert config == QKVGemmConfig(heads_per_tile=1, flat_pairs=True)
+        assert (config.block_m, config.block_n, config.block_k, config.num_stages) \
+            == (128, 256, 64, 3)
+        assert config.persistent and config.epilogue_subtile and not config.warp_specialize
+        assert config.kernel_name == "_qkv_rope_kernel_persistent"
     # AMD: 128-wide tiles and 2 stages, so the operand buffers fit 64 KB of LDS
     config = qkv_gemm_config(16, 72, cuda, amd=True)
     assert (config.block_n, config.heads_per_tile, config.num_stages) == (128, 16, 2)
@@ -591,7 +587,8 @@ def _qkv_sweep_tool():
 
 def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
     """tools/qkv_sweep.py's loop on the CPU (tiny shape, eager): baselines, then each
-    config rotated and with the rotation compiled out, all checked against float64; a
+    config rotated (table and angles) and with the rotation compiled out, all checked
+    against float64; a
     config that raises and one that computes the wrong thing are one line each, kept
     as rows, and the sweep goes on to the next config."""
     from rope_kernels.bench import qkv_bench
@@ -617,11 +614,11 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
     df = tool.run_sweep((37,), [raising, wrong, small], device=torch.device("cpu"), hidden=32,
                         heads=2, head_dim=8, samples=1, mode="eager", log=lines.append)
     assert list(df.variant) == ["cublas_linear", "cublas_linear+fused_rope"] + [
-        "qkv_rope_linear", "qkv_gemm_rotation_compiled_out"] * 3
-    assert list(df.config[2:]) == [c.label for c in (raising, wrong, small) for _ in range(2)]
-    assert len(lines) == 4 and all("\n" not in line for line in lines)
-    assert sum("RuntimeError: out of resources" in line for line in lines) == 2
-    assert sum("WRONG against float64" in line for line in lines) == 2
+        "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out"] * 3
+    assert list(df.config[2:]) == [c.label for c in (raising, wrong, small) for _ in range(3)]
+    assert len(lines) == 6 and all("\n" not in line for line in lines)
+    assert sum("RuntimeError: out of resources" in line for line in lines) == 3
+    assert sum("WRONG against float64" in line for line in lines) == 3
     good = df[df.config == small.label]
     assert (good.matches_float64 == True).all() and (good.median_us > 0).all()  # noqa: E712
     assert df[df.config == raising.label].median_us.isna().all()

@@ -10,7 +10,8 @@ is not specialized on, so more token counts cost little).
 Kimi's projection (1152 -> 3 x 16 x 72, bf16), cold L2, CUDA graphs, timed by the
 project's own ``qkv_bench.measure_variant`` (``timing.time_fn``): cuBLAS
 (``F.linear``), cuBLAS + our fused RoPE in place, and every config of
-``QKV_SWEEP_CONFIGS`` as ``qkv_rope_linear`` (rotation in the epilogue) and as
+``QKV_SWEEP_CONFIGS`` as ``qkv_rope_linear`` (rotation in the epilogue, cos/sin
+from the table), as ``qkv_rope_linear_angles`` (angles computed in-kernel) and as
 ``qkv_linear_rotation_compiled_out`` (same kernel and config, rotation compiled
 out: the mainloop's share). Every call's output is checked against float64 once
 (``matches_float64``); a config that fails prints one line and the sweep goes on.

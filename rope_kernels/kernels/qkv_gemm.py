@@ -1025,12 +1025,14 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2, *, amd: bool | None = None) -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
-    NVIDIA GPUs: ``QKVGemmConfig``'s defaults (the H200-measured best, persistent) with the
-    least-padding layout at their N-tile width (``with_layout``), at least 16 bytes
-    of each head per tile (the smallest TMA box), as long as that pads the weight by
-    at most an eighth more rows than the best 128- or 64-wide layout (Kimi's 16 x 72:
-    a ninth, and the wide tile measured faster); beyond that (few heads, e.g. Kimi at
-    TP 8) the narrower layout with the defaults' other settings. AMD GPUs (``amd``; None: ROCm
+    NVIDIA GPUs: the flat layout (``flat_pairs``) with ``QKVGemmConfig``'s other
+    defaults (persistent, 128x256x64, 3 stages, 8 warps, epilogue in eighths): W in its
+    own order, only the last N tile padded, whatever the heads. In an H200 exploration
+    run of 2026-12-03 (Kimi 1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs, after the
+    flat epilogue's cos/sin gathers became 16-byte vectors) it was the fastest of the
+    configs timed at 21,904 / 43,808 / 87,616 tokens: 314.0 / 647.4 / 1341.2 us against
+    342.2 / 686.4 / 1408.1 us for the heads x pairs layout (the former default); not
+    measured at other head counts. AMD GPUs (``amd``; None: ROCm
     builds of torch): 128-wide N tiles (layout of least padding at 128 or 64) with
     2 stages, so the operand buffers fit the 64 KB of LDS of MI300X/MI250 (the
     NVIDIA tiles need 96 KB at 2 stages: the compile matrix's shared bytes), one
@@ -1050,20 +1052,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                                    min_pairs=max(1, 8 // element_size))
         return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2,
                              persistent=False, epilogue_subtile=False)
-    min_pairs = max(1, 8 // element_size)
-    wide = with_layout(QKVGemmConfig(), heads, head_dim, element_size)
-    block_n, hpt = tile_layout(heads, head_dim, widths=(128, 64), min_pairs=min_pairs)
-    if 8 * _padded_rows(heads, head_dim, wide.block_n, wide.heads_per_tile) \
-            <= 9 * _padded_rows(heads, head_dim, block_n, hpt):
-        return wide
-    return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, epilogue_subtile=hpt >= 2)
-
-
-def _padded_rows(heads: int, head_dim: int, block_n: int, heads_per_tile: int) -> int:
-    """Rows of the permuted weight (3 * heads * head_dim plus the zero pad rows)."""
-    pairs_per_tile = block_n // (2 * heads_per_tile)
-    return (triton.cdiv(3 * heads, heads_per_tile) * heads_per_tile * 2
-            * triton.cdiv(head_dim // 2, pairs_per_tile) * pairs_per_tile)
+    return QKVGemmConfig(heads_per_tile=1, flat_pairs=True)
 
 
 def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
