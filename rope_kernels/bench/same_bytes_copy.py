@@ -29,9 +29,6 @@ and the reference is the fastest member's median (``bench.microbench``:
   kernel's own layout, at a 4 KB and a 1 KB tile;
 - ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
   across tokens and heads like SGLang's kernel (no padded lanes);
-- ``heads``: ``block_t`` tokens x one head of q or of k per program, each program
-  reading its tokens' cos/sin (vLLM's packed-qk cut: the cos/sin cross the memory
-  bus once and are read again from L2, as vLLM's kernel reads them);
 - ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
   launch, compiled with ``COPY``: its rotation replaced by a gate on cos/sin, every
   load, store, mask and program the same. The fused kernel cannot beat this member
@@ -45,11 +42,10 @@ fused kernel read "108-140% of a copy". An SM copy has no such cliff.
 The cos/sin reads. A copy would not need them, so the kernels compare them with
 ``never`` (a NaN passed at run time, equal to nothing) and would zero what
 depends on a match: the compiler cannot drop the loads, and the stored values are
-the loaded ones bit for bit. In ``row``, ``tokens`` and ``flat`` each token's
-cos/sin are read by one program only (the one holding the token's first column
-block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``
-and ``fused`` by every program of the token (from L2 after the first). Either way
-they cross the DRAM bus once, as in ``minimal_bytes``. Token offsets are int64.
+the loaded ones bit for bit. Each token's cos/sin are read by one program only
+(the one holding the token's first column block, the token itself, or its first
+``head_dim/2`` row elements), so they cross the memory bus once, as in
+``minimal_bytes``. Token offsets are int64.
 """
 
 from __future__ import annotations
@@ -184,60 +180,11 @@ def _copy_flat_kernel(
     tl.store(k_out_ptr + tokens * (ko_stride_t * VEC) + cols, tl.where(keep, k, 0.0), mask=ok)
 
 
-@triton.jit
-def _copy_head(src, dst, src_stride_t, dst_stride_t, cos_ptr, sin_ptr, tokens, token_ok, head,
-               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, never,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr):
-    """One head of BLOCK_T tokens: its elements, each gated by its pair's cos/sin."""
-    d = tl.arange(0, BLOCK_D)[None, :]
-    t2 = tokens[:, None]
-    ok = token_ok[:, None] & (d < HEAD_DIM)
-    x = tl.load(src + t2 * (src_stride_t * VEC) + head * HEAD_DIM + d, mask=ok)
-    cos = tl.load(cos_ptr + t2 * cos_stride_t + (d // 2) * cos_stride_d, mask=ok, other=0.0)
-    sin = tl.load(sin_ptr + t2 * sin_stride_t + (d // 2) * sin_stride_d, mask=ok, other=0.0)
-    keep = (cos != never) & (sin != never)
-    tl.store(dst + t2 * (dst_stride_t * VEC) + head * HEAD_DIM + d, tl.where(keep, x, 0.0),
-             mask=ok)
-
-
-@triton.jit(do_not_specialize=["n_tokens", "never"])
-def _copy_heads_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
-    n_tokens,
-    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
-    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-    never,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,  # power of two >= HEAD_DIM
-    BLOCK_T: tl.constexpr,
-    VEC: tl.constexpr,
-):
-    """Program (token block, head of q or of k), vLLM's packed-qk cut: each program
-    reads its tokens' cos/sin again (from L2 after the first; from DRAM once)."""
-    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = tokens < n_tokens
-    pid_h = tl.program_id(1)
-    if pid_h < HEADS:
-        _copy_head(q_ptr, q_out_ptr, q_stride_t, qo_stride_t, cos_ptr, sin_ptr, tokens, token_ok,
-                   pid_h, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, never,
-                   HEAD_DIM, BLOCK_D, VEC)
-    else:
-        _copy_head(k_ptr, k_out_ptr, k_stride_t, ko_stride_t, cos_ptr, sin_ptr, tokens, token_ok,
-                   pid_h - HEADS, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, never,
-                   HEAD_DIM, BLOCK_D, VEC)
-
-
 # Bytes of q (and as many of k) one ``row`` program moves: the fused kernel's tile
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
-LAYOUTS = ("row", "tokens", "flat", "fused", "heads")
-# ``heads``: tokens per program. 4 is vLLM 0.33's packed_qk_rope_ (with its warps: 2
-# up to head_dim 64, else 4). Added after an H200 exploration run (2026-12-03,
-# tools/copy_explore.py --small --extra): at 256 x 3 x 128 vLLM's kernel ran 4% under
-# every other member (row, tokens, flat, fused at 1-8 tokens and 1-8 warps).
-HEADS_BLOCK_T = (4,)
+LAYOUTS = ("row", "tokens", "flat", "fused")
 # ``tokens`` tiles: bytes of q rows per program (whole tokens, at least one). 4 KB
 # and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
 # exploration run (tools/fused_explore.py, 2026-12-03).
@@ -252,7 +199,7 @@ FLAT_BLOCKS = ((256, 2), (256, 4), (1024, 4))
 class CopyTiling:
     """How one same-bytes copy cuts the bytes into programs (see the module docstring)."""
 
-    layout: str  # "row" | "tokens" | "flat" | "fused" | "heads"
+    layout: str  # "row" | "tokens" | "flat"
     block_t: int = 1  # tokens per program (row, tokens)
     block_c: int = 0  # row: contiguous elements of a token's row per program
     block: int = 0  # flat: consecutive elements per program
@@ -262,7 +209,7 @@ class CopyTiling:
         if self.layout not in LAYOUTS:
             raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
         needed = {"row": ("block_t", "block_c"), "tokens": ("block_t",),
-                  "flat": ("block",), "fused": ("block_t",), "heads": ("block_t",)}[self.layout]
+                  "flat": ("block",), "fused": ("block_t",)}[self.layout]
         for name in needed + ("num_warps",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -273,8 +220,7 @@ class CopyTiling:
     def label(self) -> str:
         """Short name for result rows: row:64x16, tokens:8, flat:1024 (then /warps)."""
         size = {"row": f"{self.block_t}x{self.block_c}", "tokens": f"{self.block_t}",
-                "flat": f"{self.block}", "fused": f"{self.block_t}",
-                "heads": f"{self.block_t}"}[self.layout]
+                "flat": f"{self.block}", "fused": f"{self.block_t}"}[self.layout]
         return f"{self.layout}:{size}/{self.num_warps}"
 
 
@@ -322,8 +268,6 @@ def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tup
               same_bytes_copy_config(heads, head_dim, element_size)]
     family += [tokens_tiling(heads, head_dim, element_size, b) for b in TOKENS_TILE_BYTES]
     family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
-    family += [CopyTiling("heads", block_t=t, num_warps=2 if head_dim <= 64 else 4)
-               for t in HEADS_BLOCK_T]
     return tuple(dict.fromkeys(family))
 
 
@@ -386,11 +330,6 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, PAIRS=head_dim // 2, BLOCK_PAIRS=triton.next_power_of_2(head_dim // 2),
             BLOCK_T=tiling.block_t, BLOCK_C=tiling.block_c, VEC=vec, num_warps=tiling.num_warps)
-    elif tiling.layout == "heads":
-        _copy_heads_kernel[(triton.cdiv(tokens, tiling.block_t), 2 * heads)](
-            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
-            HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-            BLOCK_T=tiling.block_t, VEC=vec, num_warps=tiling.num_warps)
     elif tiling.layout == "tokens":
         main, rest = row_chunks(heads, head_dim)  # the fused rows kernel's two chunks
         _copy_tokens_kernel[(triton.cdiv(tokens, tiling.block_t),)](

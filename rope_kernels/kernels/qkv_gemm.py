@@ -1371,14 +1371,18 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
 
 def rotating_qkv_projection(linear: torch.nn.Linear, x: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor, heads: int, *,
-                            permuted: PermutedQKVWeight | None = None) -> torch.Tensor:
+                            permuted: PermutedQKVWeight | None = None,
+                            angles: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> torch.Tensor:
     """``qkv_rope_linear`` for a model's QKV ``nn.Linear``: packed (T, 3, H, D), q/k rotated.
 
     Reads ``linear.weight`` and ``linear.bias`` as they are at each call: without
     ``permuted`` the weight is permuted on every call (one gather of W, nothing
     kept on the module), so replacing or updating the parameters in any way is
     always seen. A caller that permutes once (``permute_qkv_weight`` with
-    ``qkv_gemm_config``'s layout) passes it as ``permuted`` and owns its freshness."""
+    ``qkv_gemm_config``'s layout) passes it as ``permuted`` and owns its freshness.
+    ``angles`` = (coords, freqs): the angles computed in-kernel
+    (``qkv_rope_linear_angles``) instead of read from cos/sin (which give head_dim)."""
     if not isinstance(linear, torch.nn.Linear):
         raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
     if not isinstance(cos, torch.Tensor) or cos.dim() != 2:
@@ -1387,5 +1391,10 @@ def rotating_qkv_projection(linear: torch.nn.Linear, x: torch.Tensor, cos: torch
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     head_dim = 2 * cos.shape[-1]
     config = qkv_gemm_config(heads, head_dim, x.device, x.element_size())
+    if angles is not None:  # (coords, freqs): qkv_rope_linear_angles, cos/sin unread
+        if not isinstance(angles, tuple) or len(angles) != 2:
+            raise TypeError("angles must be a (coords, freqs) tuple")
+        return qkv_rope_linear_angles(x, linear.weight, linear.bias, *angles, config=config,
+                                      permuted=permuted)
     return qkv_rope_linear(x, linear.weight, linear.bias, cos, sin, config=config,
                            permuted=permuted)

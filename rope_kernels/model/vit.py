@@ -177,11 +177,16 @@ class MoonViTEncoder(nn.Module):
         x = x + self._position_embedding(grids)
         freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
         cos, sin = cos_sin_views(freqs_cis)
-        quack_ops = None
+        quack_ops = angles = None
         for blk in self.blocks:
             h = blk.norm0(x)
-            if rope == "gemm_epilogue":  # W permuted in each call (one gather, nothing cached)
-                q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads).unbind(1)
+            if rope == "gemm_epilogue":  # angles in-kernel (the faster mode on an H200)
+                if angles is None:  # patch coordinates and frequencies, once per forward
+                    angles = (vision_patch_coords(grids, device=x.device),
+                              vision_rope_frequencies(cfg.head_dim, theta=cfg.theta,
+                                                      device=x.device))
+                q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
+                                                  angles=angles).unbind(1)
             elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
                 if quack_ops is None:  # positions and frequency tables, once per forward
                     quack_ops = quack_gemm.kimi_mrope_operands(
