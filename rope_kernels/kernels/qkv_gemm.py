@@ -821,7 +821,10 @@ class QKVGemmConfig:
 
     The defaults: 128x256x64 tiles (16 heads x 8 pairs, Kimi's 36 pairs padded to 40),
     3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM) with the
-    subtiled epilogue (a tile rotated and stored in two halves of its heads). On an
+    subtiled epilogue (a tile rotated and stored in two halves of its heads). What
+    ``qkv_gemm_config`` picks on NVIDIA GPUs is these with ``flat_pairs`` (see there:
+    faster in the exploration runs after the flat epilogue's gathers were vectorized);
+    the history of the heads x pairs defaults: on an
     H200 (1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs; ``data/nvidia-h200/
     qkv_gemm_sweep.csv``): the fastest of notebook 05_qkv_gemm's five candidates at
     each of 21,904, 43,808 and 87,616 tokens at commit 2e381e165ba8; at d0cddacf49ec
@@ -865,7 +868,11 @@ class QKVGemmConfig:
     # (2-D TMA box) instead of heads x pairs. H200 exploration, 2026-12-03 (Kimi,
     # 21,904-87,616 tokens): with the rotation compiled out 1.06-1.09x cuBLAS (the
     # heads layout: 1.30-1.33x), with it 1.38-1.41x cuBLAS, level with the heads layout
-    # (the per-column cos/sin gathers cost what the store and padding saved).
+    # (the per-column cos/sin gathers cost what the store and padding saved). Then the
+    # gathers became 16-byte vectors (``_flat_cs``): 1.32-1.41x cuBLAS from the table,
+    # 1.27x with the angles computed in-kernel on the SFU (``_cos_sin_of``), in two
+    # exploration runs of 2026-12-03; an L1 prefetch of the cos/sin rows before the
+    # mainloop gained nothing, and loading a quarter's cos/sin at once spilled.
     flat_pairs: bool = False
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -938,9 +945,10 @@ class QKVGemmConfig:
                          str(self.num_stages), str(self.num_warps), str(self.group_m), *flags])
 
 
-# Candidates notebook 05_qkv_gemm times beside the default on a GPU (its sweep records
-# every one; the headline rows use the fastest of the same run), at most five: each
-# costs compiles and time at three token counts in every GPU run. The default (persistent
+# Candidates notebook 05_qkv_gemm times on a GPU (its sweep records every one; the
+# headline rows use the fastest of the same run), at most five: each costs compiles and
+# time at three token counts in every GPU run. ``qkv_gemm_config``'s NVIDIA pick is the
+# last (the flat layout). The heads x pairs default (persistent
 # 128x256x64, 3 stages, 8 warps, subtiled epilogue: two halves of the tile's heads, fewer
 # live registers) and what might beat it on Kimi's short K (1152 = 18 steps of 64, so the
 # epilogue is a large share of a tile and wants to overlap another tile's mainloop): the
