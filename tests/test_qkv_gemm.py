@@ -430,6 +430,26 @@ def test_encoder_gemm_epilogue_matches_fused(device):
     assert (none - fused).norm() / fused.norm() > 5 * diff, "RoPE must matter in this check"
 
 
+def test_rotating_projection_angles_is_the_angles_kernel_and_refuses_a_bad_tuple(device):
+    """``rotating_qkv_projection(angles=(coords, freqs))`` (what the encoder's
+    gemm_epilogue mode calls) is ``qkv_rope_linear_angles`` on the module's weights,
+    bit for bit, and within tolerance of float64; anything but a pair is refused."""
+    x, w, b, freqs_cis = make_problem(device)
+    linear = _linear_of(w, b, device)
+    coords = vision_patch_coords(GRIDS, device=device)
+    freqs = vision_rope_frequencies(HEAD_DIM, device=device)
+    cos, sin = cos_sin_views(freqs_cis)
+    out = rotating_qkv_projection(linear, x, cos, sin, HEADS, angles=(coords, freqs))
+    direct = qkv_rope_linear_angles(x, w, b, coords, freqs,
+                                    config=qkv_gemm_config(HEADS, HEAD_DIM, x.device))
+    assert torch.equal(out, direct)
+    err, tol = judge(out, x, w, b, freqs_cis)
+    assert err <= tol, (err, tol)
+    for bad in ([coords, freqs], (coords,), coords):
+        with pytest.raises(TypeError, match="angles must be a"):
+            rotating_qkv_projection(linear, x, cos, sin, HEADS, angles=bad)
+
+
 BAD_INPUTS = {
     "x fp32": (lambda x, w, b, c, s: (x.float(), w, b, c, s), TypeError, "x must be bfloat16"),
     "x 3-D": (lambda x, w, b, c, s: (x[None], w, b, c, s), ValueError, "x must be 2-D"),
