@@ -211,3 +211,12 @@ def test_qkv_lines_name_the_config_and_split_mainloop_from_rotation():
     # a compiled-out row of another config is not a split of this one: no line
     other = qkv.assign(config=["", "A/flat", "B"])
     assert "mainloop and store" not in "\n".join(qkv_section({"qkv_gemm": other}))
+    # the angles kernel at the same config: its rotation's share too; at another, not
+    angles = pd.concat([qkv, pd.DataFrame([{"variant": "qkv_rope_linear_angles", "tokens": 21904,
+                                            "mode": "cudagraph", "config": "A/flat",
+                                            "median_us": 114.4}])])
+    text = "\n".join(qkv_section({"qkv_gemm": angles}))
+    assert ("the rotation +25.0% from the table, +10.0% with the angles computed in-kernel"
+            in text)
+    angles.loc[angles.variant == "qkv_rope_linear_angles", "config"] = "B"
+    assert "in-kernel (`qkv" not in "\n".join(qkv_section({"qkv_gemm": angles}))

@@ -419,7 +419,8 @@ def qkv_section(files: dict) -> list[str]:
 
 def _qkv_split_lines(cold: pd.DataFrame) -> list[str]:
     """Per token count: the config of ``qkv_rope_linear`` (the fastest candidate of the
-    run) and where its time goes (the same config with the rotation compiled out)."""
+    run) and where its time goes (the same config with the rotation compiled out; and
+    the angles kernel's rotation, where it ran at that config)."""
     if "config" not in cold.columns:
         return []
     parts = []
@@ -430,9 +431,16 @@ def _qkv_split_lines(cold: pd.DataFrame) -> list[str]:
         if ours is None or out_ is None or base is None or pd.isna(ours.median_us) \
                 or pd.isna(out_.median_us) or out_.config != ours.config:
             continue
+        angles = by.get("qkv_rope_linear_angles")
+        with_angles = ""
+        if angles is not None and not pd.isna(angles.median_us) \
+                and getattr(angles, "config", None) == ours.config:
+            with_angles = (f" from the table, "
+                           f"+{100 * (angles.median_us / out_.median_us - 1):.1f}% with the angles "
+                           "computed in-kernel (`qkv_rope_linear_angles`)")
         parts.append(f"{int(t):,} tokens `{ours.config}`: mainloop and store {out_.median_us:.1f} us "
                      f"({out_.median_us / base.median_us:.2f}x cuBLAS), the rotation "
-                     f"+{100 * (ours.median_us / out_.median_us - 1):.1f}%")
+                     f"+{100 * (ours.median_us / out_.median_us - 1):.1f}%{with_angles}")
     if not parts:
         return []
     return ["", "- `qkv_rope_linear` at the fastest of the run's candidate configs, and the same kernel "
