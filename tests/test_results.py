@@ -318,3 +318,30 @@ def test_microbench_files_from_before_in_place_and_the_sm_copy_migrate(tmp_path)
                           pct_of_same_bytes_copy=90.0)])  # the migrated file reads back
     assert len(pd.read_csv(path)) == 6
 
+
+
+def test_a_commit_that_looks_like_a_number_is_read_as_text(tmp_path):
+    """A 12-hex commit such as 73e709120104 parses as a float (inf) unless told not
+    to: a CPU run at such a commit once broke 06_summary's commit list. Every reader
+    of result files for summaries, targets and findings keeps it (and the versions)
+    text."""
+    from rope_kernels.study import findings, targets
+    from rope_kernels.study.summary import load_device_tables
+
+    folder = tmp_path / "data" / "cpu"
+    folder.mkdir(parents=True)
+    rows = pd.DataFrame([{"variant": "fused", "tokens": 8, "heads": 2, "head_dim": 8,
+                          "dtype": "bfloat16", "mode": "eager", "median_us": 1.0,
+                          "git_commit": "73e709120104", "python_version": "3.10",
+                          "device_name": "cpu", "torch_version": "2.13.0",
+                          "triton_version": "3.6.0"}])
+    rows.to_csv(folder / "microbench.csv", index=False)
+    assert pd.read_csv(folder / "microbench.csv").git_commit.tolist() == [float("inf")]
+    for df in (results.read_table(folder / "microbench.csv"),
+               load_device_tables(tmp_path / "data", "microbench.csv"),
+               findings.load(folder)["microbench.csv"],
+               targets.load_tables(folder)["microbench"]):
+        assert df.git_commit.tolist() == ["73e709120104"]
+        assert df.python_version.tolist() == ["3.10"]
+    assert ", ".join(sorted(set(load_device_tables(tmp_path / "data", "microbench.csv")
+                                .git_commit))) == "73e709120104"

@@ -47,6 +47,19 @@ from rope_kernels.study.specs import (  # noqa: F401
 )
 
 
+# Columns that are text whatever they look like: a commit like 73e709120104 reads as
+# the float 7.3e709120105 (inf) and a version like 3.10 as 3.1 if pandas guesses.
+TEXT_COLUMNS = ("git_commit", "peer_package", "peer_version", "peer_sha256", "torch_version",
+                "triton_version", "python_version", "config", "same_bytes_copy_tiling",
+                "order_seed", "round_positions")
+
+
+def read_table(path) -> pd.DataFrame:
+    """A result CSV for reading (summaries, targets, findings): ``TEXT_COLUMNS`` as text,
+    the rest as pandas infers it."""
+    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS})
+
+
 def table_for(name: str) -> Table | None:
     """The ``TABLES`` entry of a result file's name, or of the file it was once
     called (``Table.formerly``); None for a file not declared there."""

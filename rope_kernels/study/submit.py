@@ -38,7 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from rope_kernels.study.devices import REPO_ROOT
-from rope_kernels.study.results import file_lock, write_atomic
+from rope_kernels.study.results import file_lock, read_table, write_atomic
 from rope_kernels.study.parameters import ParameterError, select_notebooks, study_parameters
 # What each notebook is split along (spec.shard) and the file whose rows say a
 # shard delivered (spec.delivers) are in the notebook specs.
@@ -400,7 +400,7 @@ def _count_rows(root: Path, shard: dict, marker: dict) -> int:
     path = Path(root) / "data" / marker.get("device", "") / shard["output"]
     if not shard["output"] or not marker.get("device") or not path.exists():
         return 0
-    df = pd.read_csv(path)
+    df = read_table(path)
     if df.empty or "timestamp" not in df:
         return 0
     keep = pd.to_datetime(df["timestamp"], utc=True) >= pd.Timestamp(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rope_kernels.study.results import TABLES, current_file
+from rope_kernels.study.results import TABLES, current_file, read_table
 
 KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
 PR_TABLE = Path(__file__).resolve().parents[2] / "data" / "reference" / "pr50400_table.csv"
@@ -31,7 +31,7 @@ def load_device_tables(data_root: Path, name: str, device_folders: str = "all") 
         path = current_file(folder / name)
         if path is None:
             continue
-        df = pd.read_csv(path)
+        df = read_table(path)
         renamed = TABLES[name].renamed if name in TABLES else {}
         df = df.rename(columns={old: new for old, new in renamed.items() if new not in df.columns})
         df["device_folder"] = path.parent.name

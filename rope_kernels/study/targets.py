@@ -207,7 +207,7 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
     """A device folder's result rows by table name (an absent file: an empty
     frame), older column names migrated as ``results.TABLES`` declares, plus
     PR #50400's published table as ``pr_table``."""
-    from rope_kernels.study.results import TABLES
+    from rope_kernels.study.results import TABLES, read_table
 
     device_dir = Path(device_dir)
     if not device_dir.is_dir():
@@ -218,7 +218,7 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
         if path is None:
             out[table] = pd.DataFrame()
             continue
-        df = pd.read_csv(path)
+        df = read_table(path)
         renamed = TABLES[path.name].renamed if path.name in TABLES else {}
         out[table] = df.rename(columns={o: n for o, n in renamed.items() if n not in df.columns})
     out["pr_table"] = pd.read_csv(pr_table) if pr_table is not None and Path(pr_table).exists() \
