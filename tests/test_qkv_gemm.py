@@ -797,3 +797,18 @@ def test_flat_pairs_match_float64_table_and_angles(use_tma, subtile, persistent,
     ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
     assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
+
+
+def test_cos_sin_vector_divides_strides_base_and_counts():
+    """The cos/sin load width both launchers use (fused rows, the flat epilogue): 4
+    floats for Kimi's freqs_cis views, narrower when a stride, the base address or a
+    count the offsets step by is not a multiple."""
+    from rope_kernels.kernels.fused import cos_sin_vector
+
+    freqs_cis = vision_freqs_cis(GRIDS, HEAD_DIM)
+    cos, sin = cos_sin_views(freqs_cis)  # token stride 72 floats, 16-byte aligned
+    assert cos_sin_vector(cos, sin) == 4
+    assert cos_sin_vector(cos, sin, HEAD_DIM, 32) == 4
+    assert cos_sin_vector(cos, sin, 70) == 2 and cos_sin_vector(cos, sin, 8, 3) == 1
+    shifted = torch.empty(2 + TOKENS * HEAD_DIM)[2:].view(TOKENS, HEAD_DIM)
+    assert cos_sin_vector(shifted[:, 0::2], shifted[:, 1::2]) == 2  # base 8 bytes past 16

@@ -263,6 +263,18 @@ def interleaved_cos_sin(cos: torch.Tensor, sin: torch.Tensor) -> bool:
             and cos.stride(1) == 2)
 
 
+def cos_sin_vector(cos: torch.Tensor, sin: torch.Tensor, *counts: int) -> int:
+    """The widest fp32 vector (4, 2 or 1 floats) a kernel may load cos/sin rows in:
+    it divides both token strides, cos's base address in floats and every one of
+    ``counts`` (what else the kernel's offsets step by). The kernels take the token
+    strides in units of it."""
+    vec = 4
+    while vec > 1 and (cos.stride(0) % vec or sin.stride(0) % vec
+                       or cos.data_ptr() % (4 * vec) or any(n % vec for n in counts)):
+        vec //= 2
+    return vec
+
+
 def row_chunks(heads: int, head_dim: int, padded: bool = False) -> tuple[int, int]:
     """(MAIN, REST) covering a token's ``heads * head_dim`` row: two power-of-two chunks
     (16 x 72 = 1152 -> 1024 + 128), or one padded block (1152 -> 2048, 0)."""
@@ -417,10 +429,7 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
     interleaved = interleaved_cos_sin(cos, sin)
-    cs_vec = 4
-    while cs_vec > 1 and (cos.stride(0) % cs_vec or sin.stride(0) % cs_vec
-                          or cos.data_ptr() % (4 * cs_vec)):
-        cs_vec //= 2
+    cs_vec = cos_sin_vector(cos, sin)
     _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
         xq, xk, q_out, k_out, cos, sin, n_tokens, *_strides(xq, xk, q_out, k_out, vec),
         cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),

@@ -69,7 +69,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_triton_device, may_overlap,
                                          triton_interpreter_enabled)
-from rope_kernels.kernels.fused import interleaved_cos_sin
+from rope_kernels.kernels.fused import cos_sin_vector, interleaved_cos_sin
 
 GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -427,9 +427,9 @@ def _flat_cs(col0, cos_ptr, cos_stride_t, m0, n_tokens, HEAD_DIM: tl.constexpr,
     ...]) of COLS columns from col0, for the tile's tokens: column n's entry is the
     token's value at ``n % D``, the cos (even n) or sin (odd n) of column n's pair:
     one contiguous gather in the tile's own layout. ``cos_stride_t`` is in units of
-    CS_VEC floats, and CS_VEC divides D, col0 and COLS (the launcher's ``cs_vec``): so
-    ``n % D`` runs contiguously in aligned groups of CS_VEC and each group is one
-    vector load (4 floats: 16 bytes)."""
+    CS_VEC floats, and CS_VEC divides D, col0 and COLS (the launcher's
+    ``cos_sin_vector``): so ``n % D`` runs contiguously in aligned groups of CS_VEC and
+    each group is one vector load (4 floats: 16 bytes)."""
     tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
     offsets = (col0 + tl.arange(0, COLS)) % HEAD_DIM
     if CS_VEC > 1:
@@ -874,6 +874,7 @@ class QKVGemmConfig:
     # exploration runs of 2026-12-03; an L1 prefetch of the cos/sin rows before the
     # mainloop gained nothing, and loading a quarter's cos/sin at once spilled.
     flat_pairs: bool = False
+
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
             _check_power_of_two(f"QKVGemmConfig.{name}", getattr(self, name))
@@ -1076,17 +1077,6 @@ def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
     subtile = config.epilogue_subtile and hpt >= 2
     return QKVGemmConfig(**{**config.__dict__, "block_n": block_n, "heads_per_tile": hpt,
                             "epilogue_subtile": subtile})
-
-
-def _flat_cs_vector(cos: torch.Tensor, head_dim: int, config: QKVGemmConfig) -> int:
-    """The widest fp32 vector (4, 2 or 1 floats) of the flat epilogue's interleaved
-    cos/sin loads: it divides head_dim, the token stride, a store's columns and the
-    base address (``_flat_cs``)."""
-    vec = 4
-    while vec > 1 and (head_dim % vec or cos.stride(0) % vec or config.store_columns % vec
-                       or cos.data_ptr() % (4 * vec)):
-        vec //= 2
-    return vec
 
 
 def tma_supported(device: torch.device) -> bool:
@@ -1353,7 +1343,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
             coords if angles else table, table if not angles else freqs,
             tokens)
     interleaved = config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)
-    cs_vec = _flat_cs_vector(cos, head_dim, config) if interleaved else 1
+    # the flat epilogue's cos/sin vectors: runs of n % head_dim inside a store's columns
+    cs_vec = cos_sin_vector(cos, sin, head_dim, config.store_columns) if interleaved else 1
     strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0),
                0 if config.flat_pairs else out_heads.stride(1),
                0 if angles else cos.stride(0) // cs_vec, 0 if angles else cos.stride(1),
@@ -1364,7 +1355,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
                 ANGLES=angles_mode, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
                 INTERPRETED=triton_interpreter_enabled(), FLAT=config.flat_pairs,
-                INTERLEAVED=interleaved, CS_VEC=cs_vec, num_warps=config.num_warps, num_stages=config.num_stages)
+                INTERLEAVED=interleaved, CS_VEC=cs_vec, num_warps=config.num_warps,
+                num_stages=config.num_stages)
     if config.warp_specialize:
         del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"], meta["CS_VEC"]
         programs = min(num_tiles, _num_sms(x.device))
