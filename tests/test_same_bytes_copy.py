@@ -98,11 +98,13 @@ def test_the_family_covers_the_variants_access_patterns():
         family = same_bytes_copy_tilings(heads, 72, 2)
         assert same_bytes_copy_config(heads, 72, 2) in family
         assert fused_tiling(heads, 72, 2) in family
-        assert {t.layout for t in family} == {"row", "tokens", "flat", "fused"}
+        assert {t.layout for t in family} == {"row", "tokens", "flat", "fused", "heads",
+                                              "pairs"}
         assert len({t.label for t in family}) == len(family)
     for bad in (dict(layout="head"), dict(layout="row", block_t=3, block_c=16),
                 dict(layout="tokens", block_t=0), dict(layout="flat", block=True),
-                dict(layout="flat", block=256, num_warps=3), dict(layout="fused", block_t=6)):
+                dict(layout="flat", block=256, num_warps=3), dict(layout="fused", block_t=6),
+                dict(layout="heads", block_t=3), dict(layout="pairs", block=0)):
         with pytest.raises(ValueError, match="CopyTiling"):
             CopyTiling(**bad)
 

@@ -29,6 +29,11 @@ and the reference is the fastest member's median (``bench.microbench``:
   kernel's own layout, at a 4 KB and a 1 KB tile;
 - ``flat``: ``block`` consecutive elements of the flattened (T, H x D) rows, cut
   across tokens and heads like SGLang's kernel (no padded lanes);
+- ``heads``: vLLM 0.33's cut, ``block_t`` tokens x one head of q or of k a program,
+  each program reading its tokens' cos/sin as one contiguous row of freqs_cis's
+  floats (element d gating element d);
+- ``pairs``: SGLang's vision cut, ``block`` consecutive pairs of the flattened
+  (T, H, D/2) pairs a program, q's and k's, each pair reading its own cos and sin;
 - ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
   launch, compiled with ``COPY``: its rotation replaced by a gate on cos/sin, every
   load, store, mask and program the same. The fused kernel cannot beat this member
@@ -42,10 +47,12 @@ fused kernel read "108-140% of a copy". An SM copy has no such cliff.
 The cos/sin reads. A copy would not need them, so the kernels compare them with
 ``never`` (a NaN passed at run time, equal to nothing) and would zero what
 depends on a match: the compiler cannot drop the loads, and the stored values are
-the loaded ones bit for bit. Each token's cos/sin are read by one program only
-(the one holding the token's first column block, the token itself, or its first
-``head_dim/2`` row elements), so they cross the memory bus once, as in
-``minimal_bytes``. Token offsets are int64.
+the loaded ones bit for bit. In ``row``, ``tokens`` and ``flat`` each token's
+cos/sin are read by one program only (the one holding the token's first column
+block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``,
+``pairs`` and ``fused`` by every program holding part of the token, as the kernels
+they copy read them (from L2 after the first). Either way they cross the DRAM bus
+once, as in ``minimal_bytes``. Token offsets are int64.
 """
 
 from __future__ import annotations
@@ -180,11 +187,95 @@ def _copy_flat_kernel(
     tl.store(k_out_ptr + tokens * (ko_stride_t * VEC) + cols, tl.where(keep, k, 0.0), mask=ok)
 
 
+@triton.jit
+def _copy_head(src, dst, src_stride_t, dst_stride_t, head, tokens, cos_ptr, sin_ptr,
+               n_tokens, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, never,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr,
+               INTERLEAVED: tl.constexpr):
+    """One head of BLOCK_T tokens, each element gated by a cos/sin value of its pair:
+    with freqs_cis's views, the token's HEAD_DIM floats [c0, s0, c1, s1, ...] as one
+    contiguous row, element d gating element d."""
+    d = tl.arange(0, BLOCK_D)[None, :]
+    t2 = tokens[:, None]
+    ok = (tokens < n_tokens)[:, None] & (d < HEAD_DIM)
+    x = tl.load(src + t2 * (src_stride_t * VEC) + head * HEAD_DIM + d, mask=ok)
+    if INTERLEAVED:
+        cs = tl.load(cos_ptr + t2 * cos_stride_t + d, mask=ok, other=0.0)
+        keep = cs != never
+    else:
+        cos = tl.load(cos_ptr + t2 * cos_stride_t + (d // 2) * cos_stride_d, mask=ok, other=0.0)
+        sin = tl.load(sin_ptr + t2 * sin_stride_t + (d // 2) * sin_stride_d, mask=ok, other=0.0)
+        keep = (cos != never) & (sin != never)
+    tl.store(dst + t2 * (dst_stride_t * VEC) + head * HEAD_DIM + d, tl.where(keep, x, 0.0),
+             mask=ok)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "never"])
+def _copy_heads_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_tokens,
+    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    never,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # power of two >= HEAD_DIM
+    BLOCK_T: tl.constexpr,
+    VEC: tl.constexpr,
+    INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
+):
+    """vLLM's packed-qk cut: program (BLOCK_T tokens, one head of q or of k); every
+    program reads its tokens' cos/sin (from L2 after the first program of a token)."""
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    pid_h = tl.program_id(1)
+    if pid_h < HEADS:
+        _copy_head(q_ptr, q_out_ptr, q_stride_t, qo_stride_t, pid_h, tokens, cos_ptr, sin_ptr,
+                   n_tokens, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, never,
+                   HEAD_DIM, BLOCK_D, VEC, INTERLEAVED)
+    else:
+        _copy_head(k_ptr, k_out_ptr, k_stride_t, ko_stride_t, pid_h - HEADS, tokens, cos_ptr,
+                   sin_ptr, n_tokens, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                   never, HEAD_DIM, BLOCK_D, VEC, INTERLEAVED)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "never"])
+def _copy_pairs_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_tokens,
+    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
+    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    never,
+    ROW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,  # pairs per program
+    VEC: tl.constexpr,
+):
+    """SGLang's vision cut: BLOCK consecutive pairs of the flattened (T, H, D/2) pairs
+    per program, q's and k's; every pair reads its own cos and sin (the token's, again
+    for each head: from L2 after the first)."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tokens = p // (ROW // 2)
+    col = 2 * (p - tokens * (ROW // 2))
+    pair = (col % HEAD_DIM) // 2
+    ok = (tokens < n_tokens)[:, None]
+    t2 = tokens[:, None]
+    e = col[:, None] + tl.arange(0, 2)[None, :]  # the pair's two elements
+    q = tl.load(q_ptr + t2 * (q_stride_t * VEC) + e, mask=ok)
+    k = tl.load(k_ptr + t2 * (k_stride_t * VEC) + e, mask=ok)
+    cos = tl.load(cos_ptr + tokens * cos_stride_t + pair * cos_stride_d, mask=tokens < n_tokens,
+                  other=0.0)
+    sin = tl.load(sin_ptr + tokens * sin_stride_t + pair * sin_stride_d, mask=tokens < n_tokens,
+                  other=0.0)
+    keep = ((cos != never) & (sin != never))[:, None]
+    tl.store(q_out_ptr + t2 * (qo_stride_t * VEC) + e, tl.where(keep, q, 0.0), mask=ok)
+    tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + e, tl.where(keep, k, 0.0), mask=ok)
+
+
 # Bytes of q (and as many of k) one ``row`` program moves: the fused kernel's tile
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
-LAYOUTS = ("row", "tokens", "flat", "fused")
+LAYOUTS = ("row", "tokens", "flat", "fused", "heads", "pairs")
 # ``tokens`` tiles: bytes of q rows per program (whole tokens, at least one). 4 KB
 # and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
 # exploration run (tools/fused_explore.py, 2026-12-03).
@@ -193,23 +284,29 @@ TOKENS_TILE_BYTES = (4096, 1024)
 # (128 pairs, a pair a thread), on 2 warps 8 bytes a thread; 1024 on 4 warps is one
 # 16-byte vector per thread at bf16.
 FLAT_BLOCKS = ((256, 2), (256, 4), (1024, 4))
+# ``heads``: vLLM 0.33 packed_qk_rope_'s program, 4 tokens x one head (2 warps up to
+# head_dim 64, else 4); ``pairs``: SGLang's vision kernel's, 128 pairs on 4 warps.
+# Both read cos/sin as those kernels do: every program its tokens' (L2 after the first).
+HEADS_BLOCK_T = 4
+PAIRS_BLOCK = 128
 
 
 @dataclass(frozen=True)
 class CopyTiling:
     """How one same-bytes copy cuts the bytes into programs (see the module docstring)."""
 
-    layout: str  # "row" | "tokens" | "flat"
-    block_t: int = 1  # tokens per program (row, tokens)
+    layout: str  # one of LAYOUTS
+    block_t: int = 1  # tokens per program (row, tokens, heads)
     block_c: int = 0  # row: contiguous elements of a token's row per program
-    block: int = 0  # flat: consecutive elements per program
+    block: int = 0  # flat: consecutive elements per program; pairs: pairs per program
     num_warps: int = 4  # (fused: the fused kernel's default launch; block_t and warps are its)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
         needed = {"row": ("block_t", "block_c"), "tokens": ("block_t",),
-                  "flat": ("block",), "fused": ("block_t",)}[self.layout]
+                  "flat": ("block",), "fused": ("block_t",), "heads": ("block_t",),
+                  "pairs": ("block",)}[self.layout]
         for name in needed + ("num_warps",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -220,7 +317,8 @@ class CopyTiling:
     def label(self) -> str:
         """Short name for result rows: row:64x16, tokens:8, flat:1024 (then /warps)."""
         size = {"row": f"{self.block_t}x{self.block_c}", "tokens": f"{self.block_t}",
-                "flat": f"{self.block}", "fused": f"{self.block_t}"}[self.layout]
+                "flat": f"{self.block}", "fused": f"{self.block_t}",
+                "heads": f"{self.block_t}", "pairs": f"{self.block}"}[self.layout]
         return f"{self.layout}:{size}/{self.num_warps}"
 
 
@@ -261,13 +359,16 @@ def fused_tiling(heads: int, head_dim: int, element_size: int) -> CopyTiling:
 
 def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tuple[CopyTiling, ...]:
     """The family the benchmark times (the reference is its fastest member): the
-    ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, the ``FLAT_BLOCKS``
-    and ``fused`` (the fused kernel's own launch with its rotation compiled out)."""
+    ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, the ``FLAT_BLOCKS``,
+    ``fused`` (the fused kernel's own launch with its rotation compiled out), and the
+    engines' cuts: ``heads`` (vLLM's) and ``pairs`` (SGLang's)."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
     family = [fused_tiling(heads, head_dim, element_size),
               same_bytes_copy_config(heads, head_dim, element_size)]
     family += [tokens_tiling(heads, head_dim, element_size, b) for b in TOKENS_TILE_BYTES]
     family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
+    family += [CopyTiling("heads", block_t=HEADS_BLOCK_T, num_warps=2 if head_dim <= 64 else 4),
+               CopyTiling("pairs", block=PAIRS_BLOCK, num_warps=4)]
     return tuple(dict.fromkeys(family))
 
 
@@ -336,6 +437,16 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, PAIRS=head_dim // 2, MAIN=main, REST=rest, BLOCK_T=tiling.block_t, VEC=vec,
             HEAD_DIM=head_dim, INTERLEAVED=interleaved_cos_sin(cos, sin), num_warps=tiling.num_warps)
+    elif tiling.layout == "heads":
+        _copy_heads_kernel[(triton.cdiv(tokens, tiling.block_t), 2 * heads)](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
+            HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_T=tiling.block_t, VEC=vec, INTERLEAVED=interleaved_cos_sin(cos, sin),
+            num_warps=tiling.num_warps)
+    elif tiling.layout == "pairs":
+        _copy_pairs_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
+            ROW=row, HEAD_DIM=head_dim, BLOCK=tiling.block, VEC=vec, num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](

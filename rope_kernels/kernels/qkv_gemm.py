@@ -355,21 +355,24 @@ ANGLES_TABLE, ANGLES_PRECISE, ANGLES_FAST = 0, 1, 2  # the kernels' ANGLES const
 
 
 @triton.jit
-def _cos_sin_of(angle, FAST: tl.constexpr):
-    """cos and sin of fp32 angles (radians). The angle is first reduced to
-    [-pi, pi] in turns (``angle / 2pi`` minus its nearest integer, times 2pi: Kimi's
-    angles reach ~75 rad at 16 x 1024x1024, the reduction adds at most ~1e-5 rad),
-    then FAST (CUDA): the SFU's ``cos.approx``/``sin.approx`` (abs error ~5e-7 on
-    [-pi, pi], two instructions a pair); else ``tl.cos``/``tl.sin`` (libdevice or
-    the interpreter's numpy)."""
-    turns = angle * 0.15915494309189535
-    reduced = (turns - tl.floor(turns + 0.5)) * 6.283185307179586
+def _cos_sin_of(turns, FAST: tl.constexpr):
+    """cos and sin of fp32 angles given in turns (radians / 2pi: the callers scale
+    the tile's frequencies, one vector, instead of every angle). The angle is first
+    reduced to [-1/2, 1/2] turn (``turns`` minus its nearest integer: Kimi's angles
+    reach ~12 turns at 16 x 1024x1024, the reduction adds at most ~1e-6 turn), then
+    FAST (CUDA): the SFU's ``cos.approx.ftz``/``sin.approx.ftz`` of the reduced angle
+    in radians (abs error ~5e-7 on [-pi, pi]; the nearest integer is one
+    ``cvt.rni``); else ``tl.cos``/``tl.sin`` (libdevice or the interpreter's numpy)."""
     if FAST:
-        c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [reduced],
+        nearest = tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [turns],
+                                            dtype=tl.float32, is_pure=True, pack=1)
+        reduced = (turns - nearest) * 6.283185307179586
+        c = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [reduced],
                                       dtype=tl.float32, is_pure=True, pack=1)
-        s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [reduced],
+        s = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [reduced],
                                       dtype=tl.float32, is_pure=True, pack=1)
     else:
+        reduced = (turns - tl.floor(turns + 0.5)) * 6.283185307179586
         c = tl.cos(reduced)
         s = tl.sin(reduced)
     return c, s
@@ -385,9 +388,9 @@ def _cos_sin(tokens, token_ok, pairs, pair_ok, cos_ptr, sin_ptr, coords_ptr, fre
         # Kimi: pair 2i turns by col * f_i, pair 2i+1 by row * f_i (one fp32 multiply)
         row = tl.load(coords_ptr + tokens * 2, mask=token_ok, other=0).to(tl.float32)
         col = tl.load(coords_ptr + tokens * 2 + 1, mask=token_ok, other=0).to(tl.float32)
-        f = tl.load(freqs_ptr + pairs // 2, mask=pair_ok, other=0.0)
+        f = tl.load(freqs_ptr + pairs // 2, mask=pair_ok, other=0.0) * 0.15915494309189535
         pos = tl.where((pairs % 2 == 0)[None, :], col[:, None], row[:, None])
-        c, s = _cos_sin_of(pos * f[None, :], ANGLES == 2)  # ANGLES_FAST
+        c, s = _cos_sin_of(pos * f[None, :], ANGLES == 2)  # in turns; ANGLES_FAST
     else:
         mask = token_ok[:, None] & pair_ok[None, :]
         c = tl.load(cos_ptr + tokens[:, None] * cos_stride_t + pairs[None, :] * cos_stride_d,
@@ -874,6 +877,11 @@ class QKVGemmConfig:
     # exploration runs of 2026-12-03; an L1 prefetch of the cos/sin rows before the
     # mainloop gained nothing, and loading a quarter's cos/sin at once spilled.
     flat_pairs: bool = False
+    # Persistent grid: programs per SM (1: one per SM). 2 lets one program's epilogue
+    # run under the other's mainloop where registers and shared memory allow two
+    # (128x128 tiles: ``compile_matrix`` gives both); the launcher does not check
+    # occupancy, so a config that cannot hold two just runs them one after the other.
+    programs_per_sm: int = 1
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -902,6 +910,13 @@ class QKVGemmConfig:
         elif self.epilogue_subtile and self.heads_per_tile < 2:
             raise ValueError("QKVGemmConfig.epilogue_subtile splits a tile's heads in two: "
                              "it needs heads_per_tile >= 2")
+        if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) \
+                or not 1 <= self.programs_per_sm <= 4:
+            raise ValueError(f"QKVGemmConfig.programs_per_sm must be an int in 1..4, "
+                             f"got {self.programs_per_sm!r}")
+        if self.programs_per_sm > 1 and not self.persistent:
+            raise ValueError("QKVGemmConfig.programs_per_sm > 1 is for the persistent grid "
+                             "(persistent=True); one program per tile needs none")
         if self.use_tma is not None and not isinstance(self.use_tma, bool):
             raise TypeError("QKVGemmConfig.use_tma must be a bool or None")
         if self.warp_specialize:
@@ -937,6 +952,7 @@ class QKVGemmConfig:
         """``BMxBNxBKxHPT/stages/warps/group_m`` plus ``/persistent``, ``/ws``,
         ``/subtile``, ``/tma`` or ``/pointers``: how result rows name a config."""
         flags = [f for f, on in (("persistent", self.persistent),
+                                 (f"x{self.programs_per_sm}", self.programs_per_sm > 1),
                                  ("ws", self.warp_specialize),
                                  ("subtile", self.epilogue_subtile),
                                  ("flat", self.flat_pairs),
@@ -994,6 +1010,20 @@ QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
     QKVGemmConfig(heads_per_tile=1, flat_pairs=True, persistent=False),
     QKVGemmConfig(heads_per_tile=1, flat_pairs=True, num_stages=4),
     QKVGemmConfig(heads_per_tile=1, flat_pairs=True, num_stages=4, persistent=False),
+    # the flat layout at 128x128, two programs per SM (sm_90 compile, angles kernel:
+    # 8 warps 96 registers, 4 warps 168 (subtiled) / 254 (whole); 98 KB of shared
+    # memory): one program's epilogue under the other's mainloop
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, persistent=False),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  persistent=False),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  persistent=False, epilogue_subtile=False),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, programs_per_sm=2),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2),
+    # 64x256 on one warp group, 2 stages (82 KB, 166 registers): two programs per SM
+    QKVGemmConfig(block_m=64, heads_per_tile=1, flat_pairs=True, num_warps=4, num_stages=2,
+                  persistent=False),
 )
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
@@ -1362,7 +1392,7 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         programs = min(num_tiles, _num_sms(x.device))
         _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
     elif config.persistent:
-        programs = min(num_tiles, _num_sms(x.device))
+        programs = min(num_tiles, config.programs_per_sm * _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
     else:
         _qkv_rope_kernel[(num_tiles,)](*args, *strides, **meta)
