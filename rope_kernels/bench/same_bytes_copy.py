@@ -52,7 +52,10 @@ cos/sin are read by one program only (the one holding the token's first column
 block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``,
 ``pairs`` and ``fused`` by every program holding part of the token, as the kernels
 they copy read them (from L2 after the first). Either way they cross the DRAM bus
-once, as in ``minimal_bytes``. Token offsets are int64.
+once, as in ``minimal_bytes``. Addresses are int64; ``flat`` and ``pairs`` split
+their element (pair) index into token and column in int32 while it stays below
+2**31, as SGLang's kernel does (at launch-bound sizes the int64 division's latency
+alone made the copy slower than the kernel it bounds), else in int64.
 """
 
 from __future__ import annotations
@@ -171,11 +174,16 @@ def _copy_flat_kernel(
     PAIRS: tl.constexpr,
     BLOCK: tl.constexpr,
     VEC: tl.constexpr,
+    WIDE: tl.constexpr,  # element indices reach 2**31: int64 index math
 ):
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if WIDE:
+        e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:  # int32 index math (a division by a constant is one multiply-high)
+        e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tokens = e // ROW
     cols = e - tokens * ROW
     ok = tokens < n_tokens
+    tokens = tokens.to(tl.int64)
     # The elements at columns [0, PAIRS) of a token's row read its cos/sin: once a token.
     pair_ok = ok & (cols < PAIRS)
     cos = tl.load(cos_ptr + tokens * cos_stride_t + cols * cos_stride_d, mask=pair_ok, other=0.0)
@@ -249,15 +257,20 @@ def _copy_pairs_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,  # pairs per program
     VEC: tl.constexpr,
+    WIDE: tl.constexpr,  # pair indices reach 2**31: int64 index math
 ):
     """SGLang's vision cut: BLOCK consecutive pairs of the flattened (T, H, D/2) pairs
     per program, q's and k's; every pair reads its own cos and sin (the token's, again
     for each head: from L2 after the first)."""
-    p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    if WIDE:
+        p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:  # int32 index math, as SGLang's kernel does
+        p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tokens = p // (ROW // 2)
     col = 2 * (p - tokens * (ROW // 2))
     pair = (col % HEAD_DIM) // 2
     ok = (tokens < n_tokens)[:, None]
+    tokens = tokens.to(tl.int64)
     t2 = tokens[:, None]
     e = col[:, None] + tl.arange(0, 2)[None, :]  # the pair's two elements
     q = tl.load(q_ptr + t2 * (q_stride_t * VEC) + e, mask=ok)
@@ -400,11 +413,13 @@ def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
 
 
 def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling | None = None,
-                           n_tokens: int | None = None, never: float = math.nan) -> None:
+                           n_tokens: int | None = None, never: float = math.nan,
+                           wide: bool | None = None) -> None:
     """Launch one copy kernel on checked tensors (``tiling``: the ``row`` tiling by
     default). ``n_tokens`` and ``never`` exist for the tests: fewer tokens (a copy
     that stops short) and a ``never`` equal to a cos value (which proves the cos/sin
-    loads happen) must both be caught."""
+    loads happen) must both be caught; ``wide`` forces the int64 index math of
+    ``flat`` and ``pairs`` (None: where the indices reach 2**31)."""
     tokens, heads, head_dim = xq.shape
     n_tokens = tokens if n_tokens is None else n_tokens
     if tokens == 0 or heads == 0:
@@ -446,12 +461,15 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     elif tiling.layout == "pairs":
         _copy_pairs_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
-            ROW=row, HEAD_DIM=head_dim, BLOCK=tiling.block, VEC=vec, num_warps=tiling.num_warps)
+            ROW=row, HEAD_DIM=head_dim, BLOCK=tiling.block, VEC=vec,
+            WIDE=tokens * row // 2 + tiling.block >= 2**31 if wide is None else wide,
+            num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
         _copy_flat_kernel[grid](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, PAIRS=head_dim // 2, BLOCK=tiling.block, VEC=vec,
+            WIDE=tokens * row + tiling.block >= 2**31 if wide is None else wide,
             num_warps=tiling.num_warps)
 
 

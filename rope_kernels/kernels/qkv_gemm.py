@@ -510,13 +510,15 @@ def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_
                    INTERLEAVED: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
                    CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
     """The flat tile (bias already added): columns n0 ... n0 + BLOCK_N of the packed
-    row, in eight stores of BLOCK_N/8 columns with ``EPILOGUE_SUBTILE`` (each column
-    has its own cos/sin: at 128x256 on 8 warps, whole, in halves or in quarters, the
-    persistent kernel spills on sm_90; in eighths it does not), else in one."""
+    row, in EPILOGUE_SUBTILE stores of that many parts of the columns (the config's
+    ``epilogue_parts``: each column has its own cos/sin; at 128x256 on 8 warps, whole,
+    in halves or in quarters, the persistent kernel spills on sm_90, in eighths it
+    does not), else (False) in one."""
     _flat_stores(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                  out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                 HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // (8 if EPILOGUE_SUBTILE else 1), ROTATE,
-                 ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
+                 HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // (EPILOGUE_SUBTILE if EPILOGUE_SUBTILE
+                                                         else 1),
+                 ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
 
 
 @triton.jit
@@ -882,6 +884,10 @@ class QKVGemmConfig:
     # (128x128 tiles: ``compile_matrix`` gives both); the launcher does not check
     # occupancy, so a config that cannot hold two just runs them one after the other.
     programs_per_sm: int = 1
+    # Flat layout, subtiled: the tile is rotated and stored in this many parts of
+    # contiguous columns (8: eighths, the only split of 128x256 on 8 warps without
+    # spills on sm_90; 128x128 tiles also compile in quarters and halves).
+    epilogue_parts: int = 8
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -914,6 +920,12 @@ class QKVGemmConfig:
                 or not 1 <= self.programs_per_sm <= 4:
             raise ValueError(f"QKVGemmConfig.programs_per_sm must be an int in 1..4, "
                              f"got {self.programs_per_sm!r}")
+        if self.epilogue_parts not in (2, 4, 8) or isinstance(self.epilogue_parts, bool):
+            raise ValueError(f"QKVGemmConfig.epilogue_parts must be 2, 4 or 8, "
+                             f"got {self.epilogue_parts!r}")
+        if self.epilogue_parts != 8 and not (self.flat_pairs and self.epilogue_subtile):
+            raise ValueError("QKVGemmConfig.epilogue_parts splits the flat layout's subtiled "
+                             "epilogue (flat_pairs=True, epilogue_subtile=True)")
         if self.programs_per_sm > 1 and not self.persistent:
             raise ValueError("QKVGemmConfig.programs_per_sm > 1 is for the persistent grid "
                              "(persistent=True); one program per tile needs none")
@@ -937,7 +949,7 @@ class QKVGemmConfig:
         """Contiguous columns of one store: a head's share of the tile (heads x pairs
         layout) or the whole tile / its half with ``epilogue_subtile`` (flat pairs)."""
         if self.flat_pairs:  # subtiled: eighths (``_flat_epilogue``)
-            return self.block_n // (8 if self.epilogue_subtile else 1)
+            return self.block_n // (self.epilogue_parts if self.epilogue_subtile else 1)
         return 2 * self.pairs_per_tile
 
     @property
@@ -954,7 +966,9 @@ class QKVGemmConfig:
         flags = [f for f, on in (("persistent", self.persistent),
                                  (f"x{self.programs_per_sm}", self.programs_per_sm > 1),
                                  ("ws", self.warp_specialize),
-                                 ("subtile", self.epilogue_subtile),
+                                 ("subtile" + ("" if self.epilogue_parts == 8 else
+                                               str(self.epilogue_parts)),
+                                  self.epilogue_subtile),
                                  ("flat", self.flat_pairs),
                                  ("tma", self.use_tma is True),
                                  ("pointers", self.use_tma is False)) if on]
@@ -1024,6 +1038,19 @@ QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
     # 64x256 on one warp group, 2 stages (82 KB, 166 registers): two programs per SM
     QKVGemmConfig(block_m=64, heads_per_tile=1, flat_pairs=True, num_warps=4, num_stages=2,
                   persistent=False),
+    # 128x128 on one warp group, two programs per SM, fewer and wider stores
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, num_stages=2,
+                  programs_per_sm=2, epilogue_subtile=False),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2, epilogue_parts=4),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  persistent=False, epilogue_parts=4),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  persistent=False, epilogue_parts=2),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=16,
+                  programs_per_sm=2),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=4,
+                  programs_per_sm=2),
 )
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
@@ -1383,7 +1410,10 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
-                ANGLES=angles_mode, EPILOGUE_SUBTILE=config.epilogue_subtile, USE_TMA=use_tma,
+                ANGLES=angles_mode, USE_TMA=use_tma,
+                # the flat layout's subtiled epilogue: its parts (an int); else a bool
+                EPILOGUE_SUBTILE=(config.epilogue_parts if config.flat_pairs and
+                                  config.epilogue_subtile else config.epilogue_subtile),
                 INTERPRETED=triton_interpreter_enabled(), FLAT=config.flat_pairs,
                 INTERLEAVED=interleaved, CS_VEC=cs_vec, num_warps=config.num_warps,
                 num_stages=config.num_stages)
