@@ -216,7 +216,15 @@ def test_qkv_lines_name_the_config_and_split_mainloop_from_rotation():
                                             "mode": "cudagraph", "config": "A/flat",
                                             "median_us": 114.4}])])
     text = "\n".join(qkv_section({"qkv_gemm": angles}))
-    assert ("the rotation +25.0% from the table, +10.0% with the angles computed in-kernel"
-            in text)
+    assert ("the rotation +25.0% from the table (`qkv_rope_linear`), +10.0% with the angles "
+            "computed in-kernel (`qkv_rope_linear_angles`)" in text)
     angles.loc[angles.variant == "qkv_rope_linear_angles", "config"] = "B"
     assert "in-kernel (`qkv" not in "\n".join(qkv_section({"qkv_gemm": angles}))
+    # each kernel at its own best: the split follows the compiled-out row's config (the
+    # angles kernel's, the faster), the table kernel's share is left out at another
+    own = angles.copy()
+    own.loc[own.variant == "qkv_gemm_rotation_compiled_out", "config"] = "B"
+    text = "\n".join(qkv_section({"qkv_gemm": own}))
+    assert ("21,904 tokens `B`: mainloop and store 104.0 us (1.04x cuBLAS), the rotation +10.0% "
+            "with the angles computed in-kernel" in text)
+    assert "from the table (`qkv_rope_linear`)" not in text

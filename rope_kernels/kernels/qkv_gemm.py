@@ -827,9 +827,9 @@ class QKVGemmConfig:
     The defaults: 128x256x64 tiles (16 heads x 8 pairs, Kimi's 36 pairs padded to 40),
     3 stages, 8 warps, group_m 8, the persistent kernel (one program per SM) with the
     subtiled epilogue (a tile rotated and stored in two halves of its heads). What
-    ``qkv_gemm_config`` picks on NVIDIA GPUs is these with ``flat_pairs`` (see there:
-    faster in the exploration runs after the flat epilogue's gathers were vectorized);
-    the history of the heads x pairs defaults: on an
+    ``qkv_gemm_config`` picks on NVIDIA GPUs is ``NVIDIA_QKV_CONFIG`` (the flat layout
+    at 128x128, two programs per SM: see there); the history of the heads x pairs
+    defaults: on an
     H200 (1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs; ``data/nvidia-h200/
     qkv_gemm_sweep.csv``): the fastest of notebook 05_qkv_gemm's five candidates at
     each of 21,904, 43,808 and 87,616 tokens at commit 2e381e165ba8; at d0cddacf49ec
@@ -977,9 +977,11 @@ class QKVGemmConfig:
 
 
 # Candidates notebook 05_qkv_gemm times on a GPU (its sweep records every one; the
-# headline rows use the fastest of the same run), at most five: each costs compiles and
-# time at three token counts in every GPU run. ``qkv_gemm_config``'s NVIDIA pick is the
-# last (the flat layout). The heads x pairs default (persistent
+# headline rows of each of our kernels use its fastest of the same run), at most five:
+# each costs compiles and time at four token counts in every GPU run. Now: the heads x
+# pairs default, the 128x256 flat config (the NVIDIA pick before), ``NVIDIA_QKV_CONFIG``
+# and its two closest rivals of the 2026-12-03 explorations (quarters with group_m 8;
+# one program per tile, the whole tile at once: the fastest from the table). Before: The heads x pairs default (persistent
 # 128x256x64, 3 stages, 8 warps, subtiled epilogue: two halves of the tile's heads, fewer
 # live registers) and what might beat it on Kimi's short K (1152 = 18 steps of 64, so the
 # epilogue is a large share of a tile and wants to overlap another tile's mainloop): the
@@ -996,12 +998,27 @@ class QKVGemmConfig:
 # token counts in the 2e381e165ba8 run) after an exploration run put it level with
 # the default. block_n and heads_per_tile become the layout of least padding at that
 # width (``with_layout``; a flat config stays as it is).
+# What ``qkv_gemm_config`` picks on NVIDIA GPUs: the flat layout at 128x128x64 on one
+# warp group (4 warps), 3 stages, the persistent grid with two programs per SM (98 KB of
+# shared memory and 168 registers each at sm_90 with the angles: two fit an SM, so one
+# program's epilogue runs under the other's mainloop), the epilogue in eighths, group_m
+# 16. In two H200 exploration runs of 2026-12-03 (the second session's) (tools/qkv_sweep.py, Kimi 1152 -> 3 x
+# 16 x 72, bf16, cold, CUDA graphs) the 128x128 two-programs-per-SM configs were the
+# fastest with the angles computed in-kernel: this one 284.7 / 558.4 / 1156.2 us at
+# 21,904 / 43,808 / 87,616 tokens (0.979 / 0.966 / 0.999x cuBLAS + fused RoPE of the same
+# run) against the 128x256 flat config's 311.5 / 603.0 / 1210.9 us (1.071 / 1.053 /
+# 1.045x) in the run before.
+NVIDIA_QKV_CONFIG = QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                                  group_m=16, programs_per_sm=2)
+
 QKV_CANDIDATE_CONFIGS = (
     QKVGemmConfig(),
-    QKVGemmConfig(persistent=False, epilogue_subtile=False),
-    QKVGemmConfig(epilogue_subtile=False),
-    QKVGemmConfig(persistent=False, num_stages=4, epilogue_subtile=False),
     QKVGemmConfig(heads_per_tile=1, flat_pairs=True),
+    NVIDIA_QKV_CONFIG,
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2, epilogue_parts=4),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  persistent=False, epilogue_subtile=False),
 )
 
 # What ``tools/qkv_sweep.py`` times on a GPU: the candidates above and their
@@ -1009,7 +1026,7 @@ QKV_CANDIDATE_CONFIGS = (
 # group at 128x128 with 4 or 2 stages and at 64x256 with 2 stages: two or three
 # programs per SM). No warp-specialized config (it hung on an H200). Every entry
 # compiles for sm_90 without spills in tests/test_qkv_gemm.py.
-QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
+QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
     QKVGemmConfig(persistent=False, epilogue_subtile=True),
     QKVGemmConfig(persistent=False, block_k=128, num_stages=2, epilogue_subtile=False),
     QKVGemmConfig(persistent=False, block_n=128, num_warps=4, num_stages=4,
@@ -1051,7 +1068,11 @@ QKV_SWEEP_CONFIGS = QKV_CANDIDATE_CONFIGS + (
                   programs_per_sm=2),
     QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=4,
                   programs_per_sm=2),
-)
+    # the heads x pairs layout's former defaults
+    QKVGemmConfig(persistent=False, epilogue_subtile=False),
+    QKVGemmConfig(epilogue_subtile=False),
+    QKVGemmConfig(persistent=False, num_stages=4, epilogue_subtile=False),
+)))
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
 # the producer warp group exists, no spills) and never launched on a GPU: the first of
@@ -1091,13 +1112,12 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2, *, amd: bool | None = None) -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
-    NVIDIA GPUs: the flat layout (``flat_pairs``) with ``QKVGemmConfig``'s other
-    defaults (persistent, 128x256x64, 3 stages, 8 warps, epilogue in eighths): W in its
-    own order, only the last N tile padded, whatever the heads. In an H200 exploration
-    run of 2026-12-03 (Kimi 1152 -> 3 x 16 x 72, bf16, cold, CUDA graphs, after the
-    flat epilogue's cos/sin gathers became 16-byte vectors) it was the fastest of the
-    configs timed at 21,904 / 43,808 / 87,616 tokens: 314.0 / 647.4 / 1341.2 us against
-    342.2 / 686.4 / 1408.1 us for the heads x pairs layout (the former default); not
+    NVIDIA GPUs: ``NVIDIA_QKV_CONFIG``, the flat layout (``flat_pairs``: W in its own
+    order, only the last N tile padded, whatever the heads) at 128x128x64 on 4 warps,
+    persistent with two programs per SM, epilogue in eighths, group_m 16: the fastest
+    with in-kernel angles in the H200 exploration runs of 2026-12-03 (see there; the
+    128x256 flat config before it had beaten the heads x pairs layout: 314.0 / 647.4 /
+    1341.2 us against 342.2 / 686.4 / 1408.1 at 21,904 / 43,808 / 87,616 tokens); not
     measured at other head counts. AMD GPUs (``amd``; None: ROCm
     builds of torch): 128-wide N tiles (layout of least padding at 128 or 64) with
     2 stages, so the operand buffers fit the 64 KB of LDS of MI300X/MI250 (the
@@ -1118,7 +1138,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                                    min_pairs=max(1, 8 // element_size))
         return QKVGemmConfig(block_n=block_n, heads_per_tile=hpt, num_stages=2,
                              persistent=False, epilogue_subtile=False)
-    return QKVGemmConfig(heads_per_tile=1, flat_pairs=True)
+    return NVIDIA_QKV_CONFIG
 
 
 def with_layout(config: QKVGemmConfig, heads: int, head_dim: int,
