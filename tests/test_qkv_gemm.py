@@ -791,13 +791,33 @@ def test_flat_pairs_match_float64_table_and_angles(use_tma, subtile, persistent,
     boundaries; the last tile is half padding."""
     if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs compute capability 9.0")
-    x, w, b, freqs_cis = make_problem(device)
     # subtiled: eighths of the tile, at least 16 bytes (a TMA box) each
     config = QKVGemmConfig(block_m=16, block_n=64 if subtile else 32, block_k=16,
                            heads_per_tile=1, group_m=2, num_stages=1, num_warps=4,
                            persistent=persistent,
                            epilogue_subtile=subtile, use_tma=use_tma, flat_pairs=True)
     assert "/flat" in config.label
+    _check_flat(config, device)
+
+
+@pytest.mark.parametrize("parts,programs_per_sm", [(4, 1), (2, 2), (8, 2)])
+def test_flat_epilogue_parts_and_programs_per_sm(parts, programs_per_sm, device):
+    """The subtiled flat epilogue in quarters and halves, and the persistent grid with
+    two programs per SM (the NVIDIA default's): every column written and rotated."""
+    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    config = QKVGemmConfig(block_m=16, block_n=64, block_k=16, heads_per_tile=1, group_m=2,
+                           num_stages=1, num_warps=4, persistent=True, epilogue_subtile=True,
+                           use_tma=True, flat_pairs=True, epilogue_parts=parts,
+                           programs_per_sm=programs_per_sm)
+    assert config.store_columns == 64 // parts
+    assert ("/x2/" in config.label) == (programs_per_sm == 2)
+    assert ("subtile/" in config.label) == (parts == 8)
+    _check_flat(config, device)
+
+
+def _check_flat(config, device):
+    x, w, b, freqs_cis = make_problem(device)
     for call in ("table", "separate", "angles"):
         out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
         if call == "table":
@@ -816,7 +836,6 @@ def test_flat_pairs_match_float64_table_and_angles(use_tma, subtile, persistent,
     out = qkv_linear_rotation_compiled_out(x, w, b, *cos_sin_views(freqs_cis), config=config)
     ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
     assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
-
 
 
 def test_cos_sin_vector_divides_strides_base_and_counts():
