@@ -3,11 +3,14 @@
 For a few shapes, times the RoPE variants and every copy tiling in the same rounds
 (``bench.microbench.bench_shape``, cold L2, CUDA graphs) and prints each tiling's
 median beside the variants', and which variants beat the fastest copy of their kind.
-Usage: python tools/copy_explore.py [--quick] [--small [--extra]]
+Usage: python tools/copy_explore.py [--quick] [--small [--extra]] [--shapes 87616x16x72,...]
+        [--repeat N]
 
 --small: the launch-bound shapes (at most 5,476 tokens); --extra: time, beside the
 family, candidate tilings that are not in it (more warps per token, other flat blocks),
-to find a member that is a limit where the family is not."""
+to find a member that is a limit where the family is not; --shapes: these shapes only
+(no JIT-built peer); --repeat: time each shape N times (is a row's lead over the copy
+reproducible, or one run's noise?)."""
 
 import sys
 
@@ -37,8 +40,12 @@ if "--extra" in sys.argv:
     EXTRA += [sbc.CopyTiling("fused", block_t=t, num_warps=w) for t, w in ((1, 1), (1, 2), (1, 4), (2, 4))]
     _family = mb.same_bytes_copy_tilings
     mb.same_bytes_copy_tilings = lambda *a: tuple(dict.fromkeys(_family(*a) + tuple(EXTRA)))
+def _option(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 NAMES = ("fused", "fused_inplace", "sglang_vision", "vllm_packed_qk", "sglang_kimi_k25")
-if "--small" in sys.argv:  # no JIT-built peer (QuACK needs its install)
+if "--small" in sys.argv or "--shapes" in sys.argv:  # no JIT-built peer (QuACK needs its install)
     NAMES = NAMES[:4]
 variants = [v for n, v in registry().items() if n in NAMES]
 print("variants:", [v.name for v in variants], flush=True)
@@ -50,6 +57,9 @@ if "--quick" in sys.argv:
 if "--small" in sys.argv:
     shapes = [mb.Shape(256, 3, 128), mb.Shape(256, 6, 128), mb.Shape(256, 16, 72),
               mb.Shape(1024, 2, 72), mb.Shape(1024, 16, 72), mb.Shape(5476, 2, 72)]
+if "--shapes" in sys.argv:
+    shapes = [mb.Shape(*map(int, s.split("x"))) for s in _option("--shapes", "").split(",")]
+shapes = shapes * int(_option("--repeat", "1"))
 ceiling = copy_bandwidth_gbps("cuda")
 print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
 pd.set_option("display.width", 250)
