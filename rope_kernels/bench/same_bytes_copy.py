@@ -250,14 +250,18 @@ def _copy_heads_kernel(
 def _copy_pairs_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
-    q_stride_t, k_stride_t, qo_stride_t, ko_stride_t,  # in units of VEC elements
-    cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+    # strides specialized (constexpr), as SGLang's kernel takes them: its address math
+    # folds to constants, and a copy that computed more would not bound it
+    q_stride_t: tl.constexpr, k_stride_t: tl.constexpr,  # in units of VEC elements
+    qo_stride_t: tl.constexpr, ko_stride_t: tl.constexpr,
+    cos_stride_t: tl.constexpr, cos_stride_d: tl.constexpr,
+    sin_stride_t: tl.constexpr, sin_stride_d: tl.constexpr,
     never,
     ROW: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,  # pairs per program
     VEC: tl.constexpr,
-    WIDE: tl.constexpr,  # pair indices reach 2**31: int64 index math
+    WIDE: tl.constexpr,  # offsets reach 2**31: int64 index math
 ):
     """SGLang's vision cut: BLOCK consecutive pairs of the flattened (T, H, D/2) pairs
     per program, q's and k's; every pair reads its own cos and sin (the token's, again
@@ -270,7 +274,6 @@ def _copy_pairs_kernel(
     col = 2 * (p - tokens * (ROW // 2))
     pair = (col % HEAD_DIM) // 2
     ok = (tokens < n_tokens)[:, None]
-    tokens = tokens.to(tl.int64)
     t2 = tokens[:, None]
     e = col[:, None] + tl.arange(0, 2)[None, :]  # the pair's two elements
     q = tl.load(q_ptr + t2 * (q_stride_t * VEC) + e, mask=ok)
@@ -462,7 +465,10 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
         _copy_pairs_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, HEAD_DIM=head_dim, BLOCK=tiling.block, VEC=vec,
-            WIDE=tokens * row // 2 + tiling.block >= 2**31 if wide is None else wide,
+            WIDE=(tokens + 1) * max(max(st) for st in (xq.stride(), xk.stride(), q_out.stride(),
+                                                       k_out.stride(), cos.stride(),
+                                                       sin.stride())) + row >= 2**31
+            if wide is None else wide,
             num_warps=tiling.num_warps)
     else:
         grid = (triton.cdiv(tokens * row, tiling.block),)
