@@ -816,6 +816,21 @@ def test_flat_epilogue_parts_and_programs_per_sm(parts, programs_per_sm, device)
     _check_flat(config, device)
 
 
+def test_flat_whole_tiles_use_w_itself(device):
+    """The flat layout whose tiles need no zero rows (432 rows = 27 tiles of 16, as
+    Kimi's 3456 = 27 x 128) is W's own order: the permuted weight is W (no copy),
+    padded tiles get a copy, and the kernel's output matches float64 either way."""
+    x, w, b, _ = make_problem(device)
+    whole = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=16, heads_per_tile=1, flat=True)
+    assert whole.weight.data_ptr() == w.data_ptr() and whole.weight.shape == w.shape
+    padded = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=1, flat=True)
+    assert padded.weight.data_ptr() != w.data_ptr() and padded.weight.shape[0] == 448
+    for b_n in (16, 32):
+        _check_flat(QKVGemmConfig(block_m=16, block_n=b_n, block_k=16, heads_per_tile=1,
+                                  group_m=2, num_stages=1, num_warps=4, persistent=False,
+                                  epilogue_subtile=False, flat_pairs=True), device)
+
+
 def _check_flat(config, device):
     x, w, b, freqs_cis = make_problem(device)
     for call in ("table", "separate", "angles"):

@@ -191,7 +191,9 @@ def permute_qkv_weight(
     ``block_n``: the GEMM's N tile; ``heads_per_tile``: heads sharing a tile
     (``block_n / (2 * heads_per_tile)`` pairs of each). A new copy, not tied to
     W: build it once where the weights are loaded and again whenever they
-    change. ``flat``: the flat-pairs layout (``qkv_row_order``; heads_per_tile 1).
+    change. ``flat``: the flat-pairs layout (``qkv_row_order``; heads_per_tile 1);
+    where its tiles need no zero rows and W is contiguous, the weight is W itself
+    (its own order: no copy; an in-place change of W is seen, a replaced W is not).
     Inverse: ``unpermute_qkv_weight``."""
     _check_qkv_weight(w_qkv, b_qkv, heads, head_dim)
     if not isinstance(flat, bool):
@@ -199,7 +201,12 @@ def permute_qkv_weight(
     if flat and heads_per_tile != 1:
         raise ValueError(f"the flat-pairs layout takes heads_per_tile=1, got {heads_per_tile}")
     src, pad = _row_gather(heads, head_dim, block_n, heads_per_tile, w_qkv.device, flat)
-    weight = w_qkv.detach().index_select(0, src)
+    if flat and pad is None and w_qkv.is_contiguous():
+        # the flat layout with whole tiles is W's own order (Kimi: 3456 rows = 27 tiles
+        # of 128): W itself, no gather (the encoder permutes at every call)
+        weight = w_qkv.detach()
+    else:
+        weight = w_qkv.detach().index_select(0, src)
     bias = None
     if b_qkv is not None:
         bias = b_qkv.detach().float().index_select(0, src)
@@ -1457,9 +1464,10 @@ def rotating_qkv_projection(linear: torch.nn.Linear, x: torch.Tensor, cos: torch
     """``qkv_rope_linear`` for a model's QKV ``nn.Linear``: packed (T, 3, H, D), q/k rotated.
 
     Reads ``linear.weight`` and ``linear.bias`` as they are at each call: without
-    ``permuted`` the weight is permuted on every call (one gather of W, nothing
-    kept on the module), so replacing or updating the parameters in any way is
-    always seen. A caller that permutes once (``permute_qkv_weight`` with
+    ``permuted`` the weight is permuted on every call (one gather of W, or none where
+    the flat layout's tiles are W's own order, as at Kimi's 3456 rows; nothing kept
+    on the module), so replacing or updating the parameters in any way is always
+    seen. A caller that permutes once (``permute_qkv_weight`` with
     ``qkv_gemm_config``'s layout) passes it as ``permuted`` and owns its freshness.
     ``angles`` = (coords, freqs): the angles computed in-kernel
     (``qkv_rope_linear_angles``) instead of read from cos/sin (which give head_dim)."""
