@@ -155,6 +155,17 @@ def test_rows_beating_the_same_bytes_copy_are_reported(tmp_path):
     text = F.render_findings(dev)
     assert "1 of 24 cold rows beat the same-bytes copy by more than 3%" in text
     assert "fused runs at 90% of its speed" in text
+    assert "These rows do not record the copy's own p20-p80." in text
+    # with the copy's band: beyond both bands only where the row's p80 is under its p20
+    micro["same_bytes_copy_p20_us"] = micro["median_us"] * 0.95
+    micro["same_bytes_copy_p80_us"] = micro["median_us"] * 1.05
+    micro.loc[0, "p80_us"] = micro.loc[0, "median_us"] * 0.99  # overlaps the copy's band
+    micro.to_csv(dev / "microbench.csv", index=False)
+    assert "Of them 0 beyond both noise bands" in F.render_findings(dev)
+    micro.loc[0, "p80_us"] = micro.loc[0, "median_us"] * 0.9
+    micro.to_csv(dev / "microbench.csv", index=False)
+    assert "Of them 1 beyond both noise bands (the row's p80 under the copy's p20), 0 within them." \
+        in F.render_findings(dev)
 
 
 def test_rows_without_cold_kimi_shapes_say_not_measured(tmp_path):

@@ -246,6 +246,9 @@ def test_bench_shape_times_each_copy_on_the_input_sets_its_variants_read(monkeyp
     assert not seen[SAME_BYTES_COPY_INPLACE] & (seen["oop"] | seen["ip"])
     assert {r["variant"]: r["in_place"] for r in rows} == {"oop": False, "ip": True}
     assert all(math.isfinite(r["pct_of_same_bytes_copy"]) for r in rows)
+    # the reference copy's own noise band: its p20 <= median <= p80
+    assert all(r["same_bytes_copy_p20_us"] <= r["same_bytes_copy_us"] <= r["same_bytes_copy_p80_us"]
+               for r in rows)
     labels = {t.label for t in tilings_of(Shape(8, 2, 8))}
     assert seen[SAME_BYTES_COPY + " tilings"] == seen[SAME_BYTES_COPY_INPLACE + " tilings"] == labels
     assert all(r["same_bytes_copy_tiling"] in labels for r in rows)

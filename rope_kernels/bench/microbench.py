@@ -97,15 +97,20 @@ def _copy_fn(inplace: bool, tiling):
     return lambda xq, xk, freqs: same_bytes_copy(xq, xk, freqs, tiling=tiling)
 
 
+def fastest_copy_timing(timings: dict, inplace: bool):
+    """(tiling label, Timing) of the fastest same-bytes copy of that kind (by median)."""
+    prefix = (SAME_BYTES_COPY_INPLACE if inplace else SAME_BYTES_COPY) + "["
+    copies = {name[len(prefix):-1]: t for name, t in timings.items() if name.startswith(prefix)}
+    if not copies:
+        raise ValueError(f"no {'in-place ' if inplace else ''}same-bytes copy was timed")
+    label = min(copies, key=lambda k: copies[k].median_us)
+    return label, copies[label]
+
+
 def fastest_copy(timings: dict, inplace: bool) -> tuple[float, str]:
     """(median us, tiling label) of the fastest same-bytes copy of that kind."""
-    prefix = (SAME_BYTES_COPY_INPLACE if inplace else SAME_BYTES_COPY) + "["
-    medians = {name[len(prefix):-1]: t.median_us for name, t in timings.items()
-               if name.startswith(prefix)}
-    if not medians:
-        raise ValueError(f"no {'in-place ' if inplace else ''}same-bytes copy was timed")
-    label = min(medians, key=medians.get)
-    return medians[label], label
+    label, timing = fastest_copy_timing(timings, inplace)
+    return timing.median_us, label
 
 
 def bench_shape(
@@ -131,7 +136,8 @@ def bench_shape(
     minimal bytes per second against it; ``same_bytes_copy_us`` is the median of
     the fastest SM copy moving exactly the bytes this call moves, in place when the
     variant is (``same_bytes_copy``, every tiling of ``same_bytes_copy_tilings``
-    timed in the same rounds; ``same_bytes_copy_tiling`` names the fastest), and
+    timed in the same rounds; ``same_bytes_copy_tiling`` names the fastest and
+    ``same_bytes_copy_p20_us``/``_p80_us`` give its noise band), and
     ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
     copying the bytes)."""
     device = torch.device(device)
@@ -161,6 +167,7 @@ def bench_shape(
         for variant in variants:
             t = timed.timings[variant.name]
             copy_us, copy_tiling = fastest_copy(timed.timings, variant.inplace)
+            copy_band = fastest_copy_timing(timed.timings, variant.inplace)[1]
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
@@ -173,6 +180,8 @@ def bench_shape(
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
                 "in_place": variant.inplace, "same_bytes_copy_us": copy_us,
                 "same_bytes_copy_tiling": copy_tiling,
+                "same_bytes_copy_p20_us": copy_band.p20_us,
+                "same_bytes_copy_p80_us": copy_band.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 **variant.peer_columns,

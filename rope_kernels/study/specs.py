@@ -332,7 +332,9 @@ RESULT_FILES: dict[str, Table] = {
                             added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
                                                   "in_place", "same_bytes_copy_us",
                                                   "pct_of_same_bytes_copy",
-                                                  "same_bytes_copy_tiling"),
+                                                  "same_bytes_copy_tiling",
+                                                  "same_bytes_copy_p20_us",
+                                                  "same_bytes_copy_p80_us"),
                             derived={"in_place": _old_rows_in_place,
                                      "same_bytes_copy_tiling": _only_the_row_tiling},
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
