@@ -166,8 +166,8 @@ def bench_shape(
                             seed=order_seed, rewarm=1 if device.type == "cuda" else 0)
         for variant in variants:
             t = timed.timings[variant.name]
-            copy_us, copy_tiling = fastest_copy(timed.timings, variant.inplace)
-            copy_band = fastest_copy_timing(timed.timings, variant.inplace)[1]
+            copy_tiling, copy = fastest_copy_timing(timed.timings, variant.inplace)
+            copy_us = copy.median_us
             gbps = nbytes / (t.median_us * 1e-6) / 1e9
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
@@ -180,8 +180,8 @@ def bench_shape(
                 "pct_of_copy": 100 * gbps / copy_gbps, "copy_gbps": copy_gbps,
                 "in_place": variant.inplace, "same_bytes_copy_us": copy_us,
                 "same_bytes_copy_tiling": copy_tiling,
-                "same_bytes_copy_p20_us": copy_band.p20_us,
-                "same_bytes_copy_p80_us": copy_band.p80_us,
+                "same_bytes_copy_p20_us": copy.p20_us,
+                "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 **variant.peer_columns,

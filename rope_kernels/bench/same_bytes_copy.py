@@ -415,6 +415,12 @@ def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
                              f"{tuple(x.stride())}")
 
 
+def _reaches_int32(tokens: int, row: int, *tensors: torch.Tensor) -> bool:
+    """Whether an element offset (a token times the largest stride, plus a row) can
+    reach 2**31: the ``pairs`` kernel then needs int64 offsets."""
+    return (tokens + 1) * max(max(t.stride()) for t in tensors) + row >= 2**31
+
+
 def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling | None = None,
                            n_tokens: int | None = None, never: float = math.nan,
                            wide: bool | None = None) -> None:
@@ -465,9 +471,7 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
         _copy_pairs_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             ROW=row, HEAD_DIM=head_dim, BLOCK=tiling.block, VEC=vec,
-            WIDE=(tokens + 1) * max(max(st) for st in (xq.stride(), xk.stride(), q_out.stride(),
-                                                       k_out.stride(), cos.stride(),
-                                                       sin.stride())) + row >= 2**31
+            WIDE=_reaches_int32(tokens, row, xq, xk, q_out, k_out, cos, sin)
             if wide is None else wide,
             num_warps=tiling.num_warps)
     else:
