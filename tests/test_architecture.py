@@ -250,6 +250,8 @@ COMPILE_MATRIX_PENDING = {
         "the SM same-bytes copy in vLLM's cut, tokens x one head (a benchmark reference)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_pairs_kernel"):
         "the SM same-bytes copy in SGLang's cut, pairs per program (a benchmark reference)",
+    ("rope_kernels.bench.same_bytes_copy", "_copy_pair_scalars_kernel"):
+        "the SM same-bytes copy in SGLang's cut with its scalar loads (a benchmark reference)",
     ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_persistent_kernel"):
         "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
     ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_angles_kernel"):

@@ -84,7 +84,7 @@ def test_wrong_twins_are_caught(shape, tiling, device):
         return q_out, k_out
 
     assert copies_exactly((xq, xk), launch())
-    if tiling.layout in ("flat", "pairs"):  # their int64 index math (past 2**31 elements)
+    if tiling.layout in ("flat", "pairs", "pair_scalars"):  # their int64 index math (past 2**31 elements)
         assert copies_exactly((xq, xk), launch(wide=True))
         assert not copies_exactly((xq, xk), launch(wide=True, n_tokens=shape.tokens - 1))
     assert not copies_exactly((xq, xk), launch(n_tokens=shape.tokens - 1))
@@ -102,12 +102,13 @@ def test_the_family_covers_the_variants_access_patterns():
         assert same_bytes_copy_config(heads, 72, 2) in family
         assert fused_tiling(heads, 72, 2) in family
         assert {t.layout for t in family} == {"row", "tokens", "flat", "fused", "heads",
-                                              "pairs"}
+                                              "pairs", "pair_scalars"}
         assert len({t.label for t in family}) == len(family)
     for bad in (dict(layout="head"), dict(layout="row", block_t=3, block_c=16),
                 dict(layout="tokens", block_t=0), dict(layout="flat", block=True),
                 dict(layout="flat", block=256, num_warps=3), dict(layout="fused", block_t=6),
-                dict(layout="heads", block_t=3), dict(layout="pairs", block=0)):
+                dict(layout="heads", block_t=3), dict(layout="pairs", block=0),
+                dict(layout="pair_scalars", block=96)):
         with pytest.raises(ValueError, match="CopyTiling"):
             CopyTiling(**bad)
 

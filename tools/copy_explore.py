@@ -4,8 +4,9 @@ For a few shapes, times the RoPE variants and every copy tiling in the same roun
 (``bench.microbench.bench_shape``, cold L2, CUDA graphs) and prints each tiling's
 median beside the variants', and which variants beat the fastest copy of their kind.
 Usage: python tools/copy_explore.py [--quick] [--small [--extra]] [--shapes 87616x16x72,...]
-        [--repeat N]
+        [--repeat N] [--pairs]
 
+--pairs: time SGLang's cut (``pairs``) and vLLM's (``heads``) at other blocks and warps too;
 --small: the launch-bound shapes (at most 5,476 tokens); --extra: time, beside the
 family, candidate tilings that are not in it (more warps per token, other flat blocks),
 to find a member that is a limit where the family is not; --shapes: these shapes only
@@ -38,6 +39,13 @@ if "--extra" in sys.argv:
     EXTRA += [sbc.CopyTiling("flat", block=b, num_warps=w)
               for b, w in ((128, 1), (512, 2), (512, 4), (2048, 4), (4096, 8))]
     EXTRA += [sbc.CopyTiling("fused", block_t=t, num_warps=w) for t, w in ((1, 1), (1, 2), (1, 4), (2, 4))]
+if "--pairs" in sys.argv:  # SGLang's cut at other blocks and warps
+    from rope_kernels.bench import same_bytes_copy as sbc
+    EXTRA += [sbc.CopyTiling("pairs", block=b, num_warps=w)
+              for b, w in ((64, 2), (128, 2), (128, 1), (256, 2), (256, 4), (512, 4), (512, 8),
+                           (1024, 8))]
+    EXTRA += [sbc.CopyTiling("heads", block_t=t, num_warps=w) for t, w in ((2, 4), (8, 4), (4, 2))]
+if EXTRA:
     _family = mb.same_bytes_copy_tilings
     mb.same_bytes_copy_tilings = lambda *a: tuple(dict.fromkeys(_family(*a) + tuple(EXTRA)))
 def _option(name, default):

@@ -34,6 +34,10 @@ and the reference is the fastest member's median (``bench.microbench``:
   floats (element d gating element d);
 - ``pairs``: SGLang's vision cut, ``block`` consecutive pairs of the flattened
   (T, H, D/2) pairs a program, q's and k's, each pair reading its own cos and sin;
+- ``pair_scalars``: the same cut with SGLang's own loads and index math: a pair's
+  two elements loaded and stored apart (scalars), the mask on the pair index (an
+  H200 exploration, 2026-12-03: SGLang's kernel at 1024 x 2 x 72 ran 2.20 us, the
+  fastest member then 2.26, ``pairs`` at eight other blocks and warps 2.26-2.9);
 - ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
   launch, compiled with ``COPY``: its rotation replaced by a gate on cos/sin, every
   load, store, mask and program the same. The fused kernel cannot beat this member
@@ -50,9 +54,9 @@ depends on a match: the compiler cannot drop the loads, and the stored values ar
 the loaded ones bit for bit. In ``row``, ``tokens`` and ``flat`` each token's
 cos/sin are read by one program only (the one holding the token's first column
 block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``,
-``pairs`` and ``fused`` by every program holding part of the token, as the kernels
+``pairs``, ``pair_scalars`` and ``fused`` by every program holding part of the token, as the kernels
 they copy read them (from L2 after the first). Either way they cross the DRAM bus
-once, as in ``minimal_bytes``. Addresses are int64; ``flat`` and ``pairs`` split
+once, as in ``minimal_bytes``. Addresses are int64; ``flat`` and the pair cuts split
 their element (pair) index into token and column in int32 while it stays below
 2**31, as SGLang's kernel does (at launch-bound sizes the int64 division's latency
 alone made the copy slower than the kernel it bounds), else in int64.
@@ -287,11 +291,51 @@ def _copy_pairs_kernel(
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + e, tl.where(keep, k, 0.0), mask=ok)
 
 
+
+@triton.jit(do_not_specialize=["n_pairs", "never"])
+def _copy_pair_scalars_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    n_pairs,
+    q_stride_t: tl.constexpr, k_stride_t: tl.constexpr,  # in elements
+    qo_stride_t: tl.constexpr, ko_stride_t: tl.constexpr,
+    cos_stride_t: tl.constexpr, cos_stride_d: tl.constexpr,
+    sin_stride_t: tl.constexpr, sin_stride_d: tl.constexpr,
+    never,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,  # pairs per program
+    WIDE: tl.constexpr,  # offsets reach 2**31: int64 index math
+):
+    """SGLang's vision cut with SGLang's loads: ``pairs``' program, but every element
+    its own scalar load and store (a pair's real and imaginary parts apart), the
+    mask on the pair index itself, and the pair split into (token, head, pair) as
+    SGLang's kernel splits it."""
+    if WIDE:
+        p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = p < n_pairs
+    row = p // (HEAD_DIM // 2)
+    pair = p - row * (HEAD_DIM // 2)
+    token = row // HEADS
+    col = (row - token * HEADS) * HEAD_DIM + 2 * pair
+    cos = tl.load(cos_ptr + token * cos_stride_t + pair * cos_stride_d, mask=ok, other=0.0)
+    sin = tl.load(sin_ptr + token * sin_stride_t + pair * sin_stride_d, mask=ok, other=0.0)
+    q0 = tl.load(q_ptr + token * q_stride_t + col, mask=ok)
+    q1 = tl.load(q_ptr + token * q_stride_t + col + 1, mask=ok)
+    k0 = tl.load(k_ptr + token * k_stride_t + col, mask=ok)
+    k1 = tl.load(k_ptr + token * k_stride_t + col + 1, mask=ok)
+    keep = (cos != never) & (sin != never)
+    tl.store(q_out_ptr + token * qo_stride_t + col, tl.where(keep, q0, 0.0), mask=ok)
+    tl.store(q_out_ptr + token * qo_stride_t + col + 1, tl.where(keep, q1, 0.0), mask=ok)
+    tl.store(k_out_ptr + token * ko_stride_t + col, tl.where(keep, k0, 0.0), mask=ok)
+    tl.store(k_out_ptr + token * ko_stride_t + col + 1, tl.where(keep, k1, 0.0), mask=ok)
+
 # Bytes of q (and as many of k) one ``row`` program moves: the fused kernel's tile
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
 TILE_BYTES = 2048
 MIN_SEGMENT_BYTES = 32  # one DRAM sector: narrower column blocks waste bus bytes
-LAYOUTS = ("row", "tokens", "flat", "fused", "heads", "pairs")
+LAYOUTS = ("row", "tokens", "flat", "fused", "heads", "pairs", "pair_scalars")
 # ``tokens`` tiles: bytes of q rows per program (whole tokens, at least one). 4 KB
 # and 1 KB were the fastest tiles of the fused kernel's rows layout in an H200
 # exploration run (tools/fused_explore.py, 2026-12-03).
@@ -314,7 +358,7 @@ class CopyTiling:
     layout: str  # one of LAYOUTS
     block_t: int = 1  # tokens per program (row, tokens, heads)
     block_c: int = 0  # row: contiguous elements of a token's row per program
-    block: int = 0  # flat: consecutive elements per program; pairs: pairs per program
+    block: int = 0  # flat: consecutive elements per program; pairs, pair_scalars: pairs
     num_warps: int = 4  # (fused: the fused kernel's default launch; block_t and warps are its)
 
     def __post_init__(self):
@@ -322,7 +366,7 @@ class CopyTiling:
             raise ValueError(f"CopyTiling.layout must be one of {LAYOUTS}, got {self.layout!r}")
         needed = {"row": ("block_t", "block_c"), "tokens": ("block_t",),
                   "flat": ("block",), "fused": ("block_t",), "heads": ("block_t",),
-                  "pairs": ("block",)}[self.layout]
+                  "pairs": ("block",), "pair_scalars": ("block",)}[self.layout]
         for name in needed + ("num_warps",):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
@@ -334,7 +378,8 @@ class CopyTiling:
         """Short name for result rows: row:64x16, tokens:8, flat:1024 (then /warps)."""
         size = {"row": f"{self.block_t}x{self.block_c}", "tokens": f"{self.block_t}",
                 "flat": f"{self.block}", "fused": f"{self.block_t}",
-                "heads": f"{self.block_t}", "pairs": f"{self.block}"}[self.layout]
+                "heads": f"{self.block_t}", "pairs": f"{self.block}",
+                "pair_scalars": f"{self.block}"}[self.layout]
         return f"{self.layout}:{size}/{self.num_warps}"
 
 
@@ -377,14 +422,15 @@ def same_bytes_copy_tilings(heads: int, head_dim: int, element_size: int) -> tup
     """The family the benchmark times (the reference is its fastest member): the
     ``row`` tiling, ``tokens`` at each of ``TOKENS_TILE_BYTES``, the ``FLAT_BLOCKS``,
     ``fused`` (the fused kernel's own launch with its rotation compiled out), and the
-    engines' cuts: ``heads`` (vLLM's) and ``pairs`` (SGLang's)."""
+    engines' cuts: ``heads`` (vLLM's), ``pairs`` and ``pair_scalars`` (SGLang's)."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size)
     family = [fused_tiling(heads, head_dim, element_size),
               same_bytes_copy_config(heads, head_dim, element_size)]
     family += [tokens_tiling(heads, head_dim, element_size, b) for b in TOKENS_TILE_BYTES]
     family += [CopyTiling("flat", block=b, num_warps=w) for b, w in FLAT_BLOCKS]
     family += [CopyTiling("heads", block_t=HEADS_BLOCK_T, num_warps=2 if head_dim <= 64 else 4),
-               CopyTiling("pairs", block=PAIRS_BLOCK, num_warps=4)]
+               CopyTiling("pairs", block=PAIRS_BLOCK, num_warps=4),
+               CopyTiling("pair_scalars", block=PAIRS_BLOCK, num_warps=4)]
     return tuple(dict.fromkeys(family))
 
 
@@ -417,7 +463,7 @@ def _check_rows(xq: torch.Tensor, xk: torch.Tensor, layout: str) -> None:
 
 def _reaches_int32(tokens: int, row: int, *tensors: torch.Tensor) -> bool:
     """Whether an element offset (a token times the largest stride, plus a row) can
-    reach 2**31: the ``pairs`` kernel then needs int64 offsets."""
+    reach 2**31: the pair kernels (``pairs``, ``pair_scalars``) then need int64 offsets."""
     return (tokens + 1) * max(max(t.stride()) for t in tensors) + row >= 2**31
 
 
@@ -428,7 +474,7 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     default). ``n_tokens`` and ``never`` exist for the tests: fewer tokens (a copy
     that stops short) and a ``never`` equal to a cos value (which proves the cos/sin
     loads happen) must both be caught; ``wide`` forces the int64 index math of
-    ``flat`` and ``pairs`` (None: where the indices reach 2**31)."""
+    ``flat``, ``pairs`` and ``pair_scalars`` (None: where the indices reach 2**31)."""
     tokens, heads, head_dim = xq.shape
     n_tokens = tokens if n_tokens is None else n_tokens
     if tokens == 0 or heads == 0:
@@ -466,6 +512,14 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
             xq, xk, q_out, k_out, *trig[:2], n_tokens, *strides, *trig[2:],
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
             BLOCK_T=tiling.block_t, VEC=vec, INTERLEAVED=interleaved_cos_sin(cos, sin),
+            num_warps=tiling.num_warps)
+    elif tiling.layout == "pair_scalars":
+        _copy_pair_scalars_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
+            xq, xk, q_out, k_out, *trig[:2], n_tokens * row // 2,
+            *(t.stride(0) for t in tensors), *trig[2:],
+            HEADS=heads, HEAD_DIM=head_dim, BLOCK=tiling.block,
+            WIDE=_reaches_int32(tokens, row, xq, xk, q_out, k_out, cos, sin)
+            if wide is None else wide,
             num_warps=tiling.num_warps)
     elif tiling.layout == "pairs":
         _copy_pairs_kernel[(triton.cdiv(tokens * row // 2, tiling.block),)](
