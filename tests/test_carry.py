@@ -141,3 +141,18 @@ def test_install_without_a_staged_bundle_says_so(fake_pins, tmp_path):
     carry.build_bundles(out, limit=10 * carry.MiB)
     (install,) = _device(tmp_path, out, ("b", "install"))
     assert install.returncode == 2 and "run 'stage'" in install.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    ([], "usage"), (["D", "0123456789ab"], "usage"), (["A"], "usage"),
+    (["B", "2882f31"], "12 hex digits"), (["C", "2882f312be8c-dirty"], "12 hex digits"),
+])
+def test_study_calls_refuses_a_bad_step_or_commit_before_doing_anything(args, says, tmp_path):
+    """tools/study_calls.sh (the GPU study in three device calls) stops with one line
+    naming the problem, installing and writing nothing, when the step or the commit it
+    would stamp on every row is not right (a short or dirty commit went into rows once)."""
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(REPO / "tools" / "study_calls.sh"), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr
+    assert not list(tmp_path.iterdir())
