@@ -11,25 +11,48 @@
 # (device_setup.sh install), then runs notebook 02, which needs QuACK; C runs the rest. S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).
 # <commit> is `git rev-parse --short=12 HEAD` of the clean commit the tree is (every row
-# records it: ROPE_STUDY_COMMIT). Each call leaves $OUT/res-<step>.tgz: data/<device>,
-# reports/<device> and /tmp/logs as they stand after it (every earlier call's results
-# included, kept in /tmp/res between calls). Where a machine was lost between calls, carry
-# the last call's results unpacked into .carry/res (git-ignored) in the next call, which
-# starts from them, and run S before B on the new machine.
+# records it: ROPE_STUDY_COMMIT).
 #
-# Seen on an H200 (2026-12-03): A ~360 s (04 ~230 s), B ~450 s (QuACK install ~60 s; 02
-# compiles every same-bytes copy member per shape before timing it: give B a 590 s limit),
-# C ~230 s. The peers' status is logged in A and S only (it imports QuACK's CuTe DSL and
-# JIT-builds SGLang's and FlashInfer's kernels: ~2 min on a fresh machine).
+# The notebooks run in a copy of the tree (/tmp/work), in their own process session, so a
+# notebook that outlasts its call is not killed with it: the call returns at CALL_LIMIT
+# seconds (default 560) after its start, saying what still runs, and the next call waits for
+# it before doing its own (step W only waits and returns the results). Finished notebooks' data and reports are kept in /tmp/res; every
+# call leaves $OUT/res-<step>.tgz with data/<device>, reports/<device> as /tmp/res holds them
+# and the logs. Where a machine was lost between calls, carry the last results unpacked into
+# .carry/res (git-ignored): the next call starts from them (run S before B on a new machine).
+#
+# Seen on an H200 (2026-12-03): A ~360 s (04 ~230 s), B over 400 s (QuACK install ~60 s, 02
+# the rest), C ~230 s. The peers' status is logged in A and S only (it imports QuACK's CuTe DSL
+# and JIT-builds SGLang's and FlashInfer's kernels: ~2 min on a fresh machine).
 set -u
-usage() { echo "usage: bash tools/study_calls.sh S|A|B|C <12-hex-digit commit>" >&2; exit 2; }
+START=$(date +%s)
+usage() { echo "usage: bash tools/study_calls.sh S|A|B|C|W <12-hex-digit commit>" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 step=$1
-case $step in S|A|B|C) ;; *) usage ;; esac
+case $step in S|A|B|C|W) ;; *) usage ;; esac
 [[ $2 =~ ^[0-9a-f]{12}$ ]] || { echo "study_calls: commit must be 12 hex digits (git rev-parse --short=12 HEAD), got '$2'" >&2; exit 2; }
-export ROPE_STUDY_COMMIT=$2 PYTHONUNBUFFERED=1 PIP_BREAK_SYSTEM_PACKAGES=1
 OUT=${OUT:?study_calls: set OUT, the folder the results are left in}
-R=$PWD; L=/tmp/logs; RES=/tmp/res; mkdir -p $L $RES
+LIMIT=${CALL_LIMIT:-560}
+export ROPE_STUDY_COMMIT=$2 PYTHONUNBUFFERED=1 PIP_BREAK_SYSTEM_PACKAGES=1
+R=$PWD; L=/tmp/logs; RES=/tmp/res; WORK=/tmp/work; JOB=$L/job
+mkdir -p $L $RES
+
+# wait for the notebooks an earlier call left running (up to this call's limit)
+job_alive() { [ -f $JOB.running ] && kill -0 "$(cat $JOB.pid 2>/dev/null)" 2>/dev/null; }
+wait_job() {
+  while job_alive && [ $(( $(date +%s) - START )) -lt $LIMIT ]; do sleep 1; done
+  if [ -f $JOB.running ] && ! job_alive; then  # ended without clearing its mark: it was killed
+    echo "study_calls: the job '$(cat $JOB.running)' ended without finishing" | tee -a $L/done.txt
+    rm -f $JOB.running
+  fi
+  ! job_alive
+}
+leave() {  # results so far, then return
+  cat $L/done.txt 2>/dev/null  # every notebook finished so far, with its rc and seconds
+  tar czf $OUT/res-$step.tgz -C $RES . -C /tmp logs 2>/dev/null
+  ls -la $OUT; exit "${1:-0}"
+}
+if ! wait_job; then echo "study_calls: $(cat $JOB.running) still running; call again"; leave 3; fi
 
 case $step in
   S|A)
@@ -46,20 +69,29 @@ case $step in
 esac
 if [ -d .carry/res ]; then cp -r .carry/res/. $RES/; fi
 eval "$(bash tools/device_setup.sh env)"
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} ROPE_PEERS_DIR=$R/.peers
-device=$(python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || exit 1
-rm -rf data/$device reports/$device; cp -r $RES/. ./ 2>/dev/null
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} ROPE_PEERS_DIR=$WORK/.peers
+export PYTHONPATH=$WORK:${PYTHONPATH#$R:}  # the copy's package, not the call's tree
 if [ $step = S ] || [ $step = A ]; then
   python3 -m rope_kernels peers status 2>&1 | grep -E "^[a-z_0-9]+ +(ran|absent)" | cut -c1-220 > $L/peers-$step.txt
   cut -c1-120 $L/peers-$step.txt
 fi
-case $step in S) nbs="";; A) nbs="04 03";; B) nbs="02";; C) nbs="01 05 06";; esac
-for nb in $nbs; do
-  s=$(date +%s)
-  python3 -m rope_kernels run --device cuda --only $nb > $L/run-$nb.log 2>&1; rc=$?
-  echo "== $nb rc=$rc $(( $(date +%s) - s ))s"; tail -3 $L/run-$nb.log
-  cp -r --parents data/$device reports/$device $RES/ 2>/dev/null
-done
-mkdir -p data/$device reports/$device
-tar czf $OUT/res-$step.tgz data/$device reports/$device -C /tmp logs
-ls -la $OUT
+case $step in S|W) nbs="";; A) nbs="04 03";; B) nbs="02";; C) nbs="01 05 06";; esac
+[ -n "$nbs" ] || leave 0
+
+# a fresh copy of the tree (no bundles), the results so far in it; the notebooks in the background
+rm -rf $WORK; mkdir -p $WORK
+tar cf - --exclude=./.carry --exclude=./.git . | tar xf - -C $WORK
+device=$(cd $WORK && python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
+echo "$nbs (call $step)" > $JOB.running
+setsid bash -c "
+  cd $WORK && rm -rf data/$device reports/$device && cp -r $RES/. ./ 2>/dev/null
+  for nb in $nbs; do s=\$(date +%s)
+    python3 -m rope_kernels run --device cuda --only \$nb > $L/run-\$nb.log 2>&1
+    echo \"== \$nb rc=\$? \$(( \$(date +%s) - s ))s\" >> $L/done.txt
+    cp -r --parents data/$device reports/$device $RES/ 2>/dev/null
+  done
+  rm -f $JOB.running" < /dev/null > $L/job-$step.log 2>&1 &
+echo $! > $JOB.pid
+if wait_job; then leave 0; fi
+echo "study_calls: $(cat $JOB.running) still running at ${LIMIT}s; the next call (W: only wait) waits for it"
+leave 0
