@@ -71,17 +71,20 @@ if [ -d .carry/res ]; then cp -r .carry/res/. $RES/; fi
 eval "$(bash tools/device_setup.sh env)"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} ROPE_PEERS_DIR=$WORK/.peers
 export PYTHONPATH=$WORK:${PYTHONPATH#$R:}  # the copy's package, not the call's tree
+[ $step = W ] && leave 0
+
+# a fresh copy of the tree (no bundles) where everything runs (the peers' JIT builds too, so
+# the status below warms the notebooks' caches); the notebooks in the background
+rm -rf $WORK; mkdir -p $WORK
+tar cf - --exclude=./.carry --exclude=./.git . | tar xf - -C $WORK
+cd $WORK
 if [ $step = S ] || [ $step = A ]; then
   python3 -m rope_kernels peers status 2>&1 | grep -E "^[a-z_0-9]+ +(ran|absent)" | cut -c1-220 > $L/peers-$step.txt
   cut -c1-120 $L/peers-$step.txt
 fi
-case $step in S|W) nbs="";; A) nbs="04 03";; B) nbs="02";; C) nbs="01 05 06";; esac
+case $step in S) nbs="";; A) nbs="04 03";; B) nbs="02";; C) nbs="01 05 06";; esac
 [ -n "$nbs" ] || leave 0
-
-# a fresh copy of the tree (no bundles), the results so far in it; the notebooks in the background
-rm -rf $WORK; mkdir -p $WORK
-tar cf - --exclude=./.carry --exclude=./.git . | tar xf - -C $WORK
-device=$(cd $WORK && python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
+device=$(python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
 echo "$nbs (call $step)" > $JOB.running
 setsid bash -c "
   cd $WORK && rm -rf data/$device reports/$device && cp -r $RES/. ./ 2>/dev/null
