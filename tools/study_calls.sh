@@ -16,7 +16,8 @@
 # The notebooks run in a copy of the tree (/tmp/work), in their own process session, so a
 # notebook that outlasts its call is not killed with it: the call returns at CALL_LIMIT
 # seconds (default 560) after its start, saying what still runs, and the next call waits for
-# it before doing its own (step W only waits and returns the results). Finished notebooks' data and reports are kept in /tmp/res; every
+# it before doing its own (step W only waits and returns the results). The machine still goes
+# back when no call comes for a while (about 30 s on the lent H200): start the next call at once. Finished notebooks' data and reports are kept in /tmp/res; every
 # call leaves $OUT/res-<step>.tgz with data/<device>, reports/<device> as /tmp/res holds them
 # and the logs. Where a machine was lost between calls, carry the last results unpacked into
 # .carry/res (git-ignored): the next call starts from them (run S before B on a new machine).
