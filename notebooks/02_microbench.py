@@ -51,7 +51,8 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: 
 #   where the call writes them (fresh outputs, or in place for in-place variants), in a small
 #   family of tilings (a token row's column blocks; whole tokens per program at 4 KB and
 #   1 KB; flat blocks; the engines' own cuts: vLLM's tokens x one head, SGLang's pairs per
-#   program, with vector or with scalar loads; and the fused kernel itself with its rotation replaced by a gate on cos/sin),
+#   program, with vector or with scalar loads; and the fused kernel itself with its rotation
+#   replaced by a gate on cos/sin),
 #   each timed in the same rounds on the same input sets; the fastest is the limit at that
 #   size (`same_bytes_copy_tiling` names it, `same_bytes_copy_p20_us`/`_p80_us` give its
 #   noise band). `pct_of_same_bytes_copy` is its time over the variant's; no variant

@@ -84,7 +84,7 @@ def test_wrong_twins_are_caught(shape, tiling, device):
         return q_out, k_out
 
     assert copies_exactly((xq, xk), launch())
-    if tiling.layout in ("flat", "pairs", "pair_scalars"):  # their int64 index math (past 2**31 elements)
+    if tiling.layout in ("flat", "pairs", "pair_scalars"):  # their int64 index math (past 2**31)
         assert copies_exactly((xq, xk), launch(wide=True))
         assert not copies_exactly((xq, xk), launch(wide=True, n_tokens=shape.tokens - 1))
     assert not copies_exactly((xq, xk), launch(n_tokens=shape.tokens - 1))

@@ -48,6 +48,8 @@ if "--pairs" in sys.argv:  # SGLang's cut at other blocks and warps
 if EXTRA:
     _family = mb.same_bytes_copy_tilings
     mb.same_bytes_copy_tilings = lambda *a: tuple(dict.fromkeys(_family(*a) + tuple(EXTRA)))
+
+
 def _option(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 

@@ -80,11 +80,13 @@ qkv = torch.randn(T, 3, H, D, device=DEV, dtype=torch.bfloat16)
 q, k, v = qkv.unbind(1)
 qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
 three = torch.randn(3, T, H, D, device=DEV, dtype=torch.bfloat16)
-for label, args in (("strided q,k,v", (q, k, v)), ("contiguous q,k; strided v", (qc, kc, v)),
-                    ("contiguous q,k,v", (qc, kc, vc)), ("(3,T,H,D) parts", tuple(three.unbind(0)))):
-    f = lambda: model._attention(att, *args, bucket.grids, inp.cu_seqlens, inp.max_seqlen)
+LAYOUTS = (("strided q,k,v", (q, k, v)), ("contiguous q,k; strided v", (qc, kc, v)),
+           ("contiguous q,k,v", (qc, kc, vc)), ("(3,T,H,D) parts", tuple(three.unbind(0))))
+for label, args in LAYOUTS:
+    def f(args=args):
+        return model._attention(att, *args, bucket.grids, inp.cu_seqlens, inp.max_seqlen)
     for _ in range(3):
         f()
     times = sorted(timed(f) for _ in range(15))
-    print(f"attention {label:28s} median {times[7]:9.1f} us  p20 {times[3]:9.1f}  p80 {times[11]:9.1f}",
-          flush=True)
+    print(f"attention {label:28s} median {times[7]:9.1f} us  p20 {times[3]:9.1f}  "
+          f"p80 {times[11]:9.1f}", flush=True)

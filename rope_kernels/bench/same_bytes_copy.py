@@ -54,8 +54,8 @@ depends on a match: the compiler cannot drop the loads, and the stored values ar
 the loaded ones bit for bit. In ``row``, ``tokens`` and ``flat`` each token's
 cos/sin are read by one program only (the one holding the token's first column
 block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``,
-``pairs``, ``pair_scalars`` and ``fused`` by every program holding part of the token, as the kernels
-they copy read them (from L2 after the first). Either way they cross the DRAM bus
+``pairs``, ``pair_scalars`` and ``fused`` by every program holding part of the token, as
+the kernels they copy read them (from L2 after the first). Either way they cross the DRAM bus
 once, as in ``minimal_bytes``. Addresses are int64; ``flat`` and the pair cuts split
 their element (pair) index into token and column in int32 while it stays below
 2**31, as SGLang's kernel does (at launch-bound sizes the int64 division's latency
@@ -291,7 +291,6 @@ def _copy_pairs_kernel(
     tl.store(k_out_ptr + t2 * (ko_stride_t * VEC) + e, tl.where(keep, k, 0.0), mask=ok)
 
 
-
 @triton.jit(do_not_specialize=["n_pairs", "never"])
 def _copy_pair_scalars_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
@@ -330,6 +329,7 @@ def _copy_pair_scalars_kernel(
     tl.store(q_out_ptr + token * qo_stride_t + col + 1, tl.where(keep, q1, 0.0), mask=ok)
     tl.store(k_out_ptr + token * ko_stride_t + col, tl.where(keep, k0, 0.0), mask=ok)
     tl.store(k_out_ptr + token * ko_stride_t + col + 1, tl.where(keep, k1, 0.0), mask=ok)
+
 
 # Bytes of q (and as many of k) one ``row`` program moves: the fused kernel's tile
 # (``fused.TILE_BYTES``), about one 16-byte vector per thread of 4 warps.
