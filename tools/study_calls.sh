@@ -17,14 +17,18 @@
 # notebook that outlasts its call is not killed with it: the call returns at CALL_LIMIT
 # seconds (default 560) after its start, saying what still runs, and the next call waits for
 # it before doing its own (step W only waits and returns the results). The machine still goes
-# back when no call comes for a while (about 30 s on the lent H200): start the next call at once. Finished notebooks' data and reports are kept in /tmp/res; every
-# call leaves $OUT/res-<step>.tgz with data/<device>, reports/<device> as /tmp/res holds them
-# and the logs. Where a machine was lost between calls, carry the last results unpacked into
-# .carry/res (git-ignored): the next call starts from them (run S before B on a new machine).
+# back when no call comes for a while (about 30 s on the lent H200): start the next call at
+# once. Finished notebooks' data and reports are kept in /tmp/res; every call leaves
+# $OUT/res-<step>.tgz with data/<device>, reports/<device> as /tmp/res holds them and the
+# logs. Where a machine was lost between calls, carry the last results unpacked into
+# .carry/res (git-ignored): the next call starts from them (run S before B on a new machine,
+# and carry .carry/res in B: .carry/a, .carry/s, .peers and .carry/res together pass the
+# 64 MiB a call carries).
 #
-# Seen on an H200 (2026-12-03): A ~360 s (04 ~230 s), B over 400 s (QuACK install ~60 s, 02
-# the rest), C ~230 s. The peers' status is logged in A and S only (it imports QuACK's CuTe DSL
-# and JIT-builds SGLang's and FlashInfer's kernels: ~2 min on a fresh machine).
+# Seen on an H200 (2026-12-04, 38172a32b6ba): A 329 s (04 216 s, 03 27 s), S 123 s, B 389 s
+# (QuACK install ~25 s, 02 364 s), C 249 s (01 99 s, 05 129 s, 06 15 s). The peers' status is
+# logged in A and S only (it imports QuACK's CuTe DSL and JIT-builds SGLang's and
+# FlashInfer's kernels: ~2 min on a fresh machine).
 set -u
 START=$(date +%s)
 usage() { echo "usage: bash tools/study_calls.sh S|A|B|C|W <12-hex-digit commit>" >&2; exit 2; }
