@@ -16,7 +16,7 @@ from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequenc
 from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, permute_qkv_weight,
                                            qkv_gemm_config, qkv_linear_rotation_compiled_out,
                                            qkv_rope_linear, qkv_rope_linear_angles, qkv_row_order,
-                                           rotating_qkv_projection, tile_layout,
+                                           flat_tile_parts, rotating_qkv_projection, tile_layout,
                                            unpermute_qkv_weight)
 from rope_kernels.correctness import draw_qkv_problem, new_seed
 from rope_kernels.kernels.reference import cos_sin_views
@@ -614,15 +614,33 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
     assert list(df.matches_float64) == ["True", "False"]
 
 
-def _qkv_sweep_tool():
+def _tool(name: str):
+    """tools/<name>.py as a module (the tools are scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "qkv_sweep.py"
-    spec = importlib.util.spec_from_file_location("qkv_sweep_tool", path)
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_qkv_power_tool_parses_samples_and_keeps_each_to_its_window():
+    """tools/qkv_power.py: nvidia-smi lines that are not three numbers are dropped; a
+    sample counts for the loop it arrived in, after the ramp, and for no other."""
+    tool = _tool("qkv_power")
+    assert tool.parse_sample("1980, 650.25, 61") == (1980.0, 650.25, 61.0)
+    for bad in ("clocks.sm [MHz], power.draw [W], temperature.gpu", "1980, [N/A], 61", "1, 2"):
+        assert tool.parse_sample(bad) is None
+    samples = [(0.1, (1980.0, 300.0, 50.0)),  # in a's ramp
+               (0.5, (1900.0, 600.0, 60.0)), (0.6, (1700.0, 700.0, 62.0)),
+               (1.5, (1500.0, 690.0, 70.0))]  # between windows
+    rows = tool.summarize(samples, [("a", 0.0, 1.0, 950.0), ("b", 2.0, 3.0, 1000.0)])
+    assert rows[0]["samples"] == 2 and rows[0]["sm_mhz"] == 1800.0 and rows[0]["watts"] == 650.0
+    assert rows[1] == {"variant": "b", "us_per_call": 1000.0, "samples": 0}
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--seconds", "0.2"])
 
 
 def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
@@ -633,7 +651,7 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
     as rows, and the sweep goes on to the next config."""
     from rope_kernels.bench import qkv_bench
 
-    tool = _qkv_sweep_tool()
+    tool = _tool("qkv_sweep")
     small = qkv_gemm_config(2, 8, torch.device("cpu"))
     raising = QKVGemmConfig(**{**small.__dict__, "group_m": 2})
     wrong = QKVGemmConfig(**{**small.__dict__, "group_m": 4})
@@ -670,7 +688,7 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
 
 
 def test_qkv_sweep_tool_arguments():
-    tool = _qkv_sweep_tool()
+    tool = _tool("qkv_sweep")
     from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
 
     assert tool.pick_configs(None, QKV_SWEEP_CONFIGS) == list(QKV_SWEEP_CONFIGS)
@@ -866,3 +884,47 @@ def test_cos_sin_vector_divides_strides_base_and_counts():
     assert cos_sin_vector(cos, sin, 70) == 2 and cos_sin_vector(cos, sin, 8, 3) == 1
     shifted = torch.empty(2 + TOKENS * HEAD_DIM)[2:].view(TOKENS, HEAD_DIM)
     assert cos_sin_vector(shifted[:, 0::2], shifted[:, 1::2]) == 2  # base 8 bytes past 16
+
+
+TAIL_CASES = [(48, 2, True, True), (48, 2, False, False), (96, 4, True, False),
+              (96, 8, False, True), (24, 8, False, True)]
+
+
+@pytest.mark.parametrize("block_n,parts,use_tma,persistent", TAIL_CASES,
+                         ids=[f"{n}-{p}parts-{'tma' if t else 'pointers'}-"
+                              f"{'persistent' if q else 'tiles'}" for n, p, t, q in TAIL_CASES])
+def test_flat_tile_with_a_tail_matches_float64(block_n, parts, use_tma, persistent, device):
+    """A flat tile of three times a power of two runs as a main and a tail accumulator
+    (48 = 32 + 16: 432 columns in 9 whole tiles; 96 = 64 + 32: the last tile half
+    padding; 24 = 16 + 8: stores of 2 columns, through pointers), the tail
+    stored in parts of the main part's width: every column written and rotated."""
+    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    config = QKVGemmConfig(block_m=16, block_n=block_n, block_k=16, heads_per_tile=1,
+                           group_m=2, num_stages=1, num_warps=4, persistent=persistent,
+                           epilogue_subtile=True, use_tma=use_tma, flat_pairs=True,
+                           epilogue_parts=parts, programs_per_sm=2 if persistent else 1)
+    main, tail = flat_tile_parts(block_n)
+    assert (config.block_n_main, config.block_n_tail) == (main, tail) == (2 * tail, block_n // 3)
+    assert config.store_columns == main // parts
+    _check_flat(config, device)
+
+
+def test_flat_tile_with_a_tail_is_checked():
+    """Three times a power of two only, in the flat layout only, and subtiled."""
+    assert flat_tile_parts(128) == (128, 0) and flat_tile_parts(192) == (128, 64)
+    for bad in (80, 160, 0, -48, 48.0, True):
+        with pytest.raises(ValueError, match="block_n"):
+            flat_tile_parts(bad)
+    with pytest.raises(ValueError, match="power of two"):
+        QKVGemmConfig(block_n=192, heads_per_tile=16)
+    with pytest.raises(ValueError, match="power of two or three times"):
+        QKVGemmConfig(block_n=160, heads_per_tile=1, flat_pairs=True)
+    with pytest.raises(ValueError, match="main \\+ tail"):
+        QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True, epilogue_subtile=False)
+    config = QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                           num_stages=2, programs_per_sm=2)
+    assert config.label.startswith("128x192x64x1/2/4/") and config.store_columns == 16
+    x, w, b, _ = make_problem("cpu")
+    with pytest.raises(ValueError, match="power of two or three times"):
+        permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=80, heads_per_tile=1, flat=True)

@@ -116,8 +116,28 @@ def _check_power_of_two(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive power of two, got {value!r}")
 
 
-def _check_tile_layout(block_n: int, heads_per_tile: int) -> None:
-    _check_power_of_two("block_n", block_n)
+def flat_tile_parts(block_n: int) -> tuple[int, int]:
+    """(main, tail) accumulator widths of a flat N tile: a power of two is one part
+    (tail 0); three times a power of two (96, 192, 384) is a main part of two thirds
+    and a tail of one third, so a 192-wide tile (Kimi: 3456 columns = 18 tiles, no
+    padding) runs as a 128- and a 64-column accumulator (Triton's blocks are powers
+    of two)."""
+    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1:
+        raise ValueError(f"block_n must be a positive int, got {block_n!r}")
+    if block_n & (block_n - 1) == 0:
+        return block_n, 0
+    third = block_n // 3
+    if block_n % 3 or third & (third - 1):
+        raise ValueError(f"block_n of the flat layout must be a power of two or three times "
+                         f"one (a main part and a tail), got {block_n}")
+    return 2 * third, third
+
+
+def _check_tile_layout(block_n: int, heads_per_tile: int, flat: bool = False) -> None:
+    if flat:
+        flat_tile_parts(block_n)
+    else:
+        _check_power_of_two("block_n", block_n)
     _check_power_of_two("heads_per_tile", heads_per_tile)
     if block_n < 2 * heads_per_tile:
         raise ValueError(f"block_n ({block_n}) must hold at least one pair of each of its "
@@ -139,7 +159,7 @@ def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int,
     1 odd) of pair ``jb * pairs_per_tile + r % pairs_per_tile`` of head
     ``hb * heads_per_tile + (r // pairs_per_tile) % heads_per_tile``; heads
     run over q, k, v (3H of them)."""
-    _check_tile_layout(block_n, heads_per_tile)
+    _check_tile_layout(block_n, heads_per_tile, flat)
     if flat:  # W's own order, zero rows to whole tiles
         total = 3 * heads * head_dim
         rows = torch.arange(triton.cdiv(total, block_n) * block_n)
@@ -351,6 +371,26 @@ def _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constex
         b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA)
         acc = _dot(a, b, acc, INTERPRETED)
     return acc
+
+
+@triton.jit
+def _mainloop_tail(x, w, w_tail, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
+                   BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
+    """``_mainloop`` of a tile of BLOCK_N + BLOCK_N_TAIL columns (the flat layout's
+    192-wide tile: 128 + 64) as two fp32 accumulators sharing each x tile: W rows
+    [n0, n0 + BLOCK_N) and [n0 + BLOCK_N, n0 + BLOCK_N + BLOCK_N_TAIL) (``w_tail``:
+    W again, its TMA box the tail's rows)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_tail = tl.zeros((BLOCK_M, BLOCK_N_TAIL), dtype=tl.float32)
+    for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
+        a = _load_x(x, m0, ki * BLOCK_K, n_tokens, x_stride_t, HIDDEN, BLOCK_M, BLOCK_K, USE_TMA)
+        b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA)
+        bt = _load_w(w_tail, n0 + BLOCK_N, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N_TAIL,
+                     BLOCK_K, USE_TMA)
+        acc = _dot(a, b, acc, INTERPRETED)
+        acc_tail = _dot(a, bt, acc_tail, INTERPRETED)
+    return acc, acc_tail
 
 
 # --------------------------------------------------------------------------
@@ -612,7 +652,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _qkv_tile(
-    tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, n_tokens,
+    tile_id, x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
     HIDDEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -621,25 +661,38 @@ def _qkv_tile(
     HEADS_PER_TILE: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr, FLAT: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N) output tile: mainloop, then epilogue."""
+    """One (BLOCK_M, BLOCK_N + BLOCK_N_TAIL) output tile: mainloop, then epilogue (a
+    flat tile with a tail: the main part's, then the tail's, in parts of one width)."""
     pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M), HEAD_BLOCKS * PAIR_BLOCKS,
                                 GROUP_M)
     m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
-    acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN, BLOCK_M, BLOCK_N,
-                    BLOCK_K, USE_TMA, INTERPRETED)
+    n0 = pid_n * (BLOCK_N + BLOCK_N_TAIL)
+    if BLOCK_N_TAIL:
+        acc, acc_tail = _mainloop_tail(x, w, w_tail, m0, n0, n_tokens, x_stride_t, w_stride_n,
+                                       HIDDEN, BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_K, USE_TMA,
+                                       INTERPRETED)
+    else:
+        acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN, BLOCK_M,
+                        BLOCK_N, BLOCK_K, USE_TMA, INTERPRETED)
     _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, pid_n,
                    n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
                    sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
                    HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, FLAT,
                    INTERLEAVED, CS_VEC)
+    if BLOCK_N_TAIL:  # flat layout, subtiled: the tail in parts of the main part's width
+        _rope_epilogue(acc_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                       n0 + BLOCK_N, pid_n, n_tokens, out_stride_t, out_stride_h, cos_stride_t,
+                       cos_stride_d, sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS,
+                       BLOCK_M, BLOCK_N_TAIL, HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES,
+                       EPILOGUE_SUBTILE * BLOCK_N_TAIL // BLOCK_N, USE_TMA, FLAT, INTERLEAVED,
+                       CS_VEC)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _qkv_rope_kernel(
-    x, w, out,  # TMA descriptors when USE_TMA, else pointers
+    x, w, w_tail, out,  # TMA descriptors when USE_TMA, else pointers
     bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
     n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
@@ -663,19 +716,20 @@ def _qkv_rope_kernel(
     FLAT: tl.constexpr = False,  # the flat layout (QKVGemmConfig.flat_pairs)
     INTERLEAVED: tl.constexpr = False,  # cos/sin are freqs_cis's views (flat layout's load)
     CS_VEC: tl.constexpr = 1,  # flat, interleaved: cos_stride_t is in units of CS_VEC floats
+    BLOCK_N_TAIL: tl.constexpr = 0,  # flat: the tile's second accumulator (0: none)
 ):
     """One program per output tile."""
-    _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+    _qkv_tile(tl.program_id(0), x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
               n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
               HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
               HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED, FLAT,
-              INTERLEAVED, CS_VEC)
+              INTERLEAVED, CS_VEC, BLOCK_N_TAIL)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
 def _qkv_rope_kernel_persistent(
-    x, w, out,
+    x, w, w_tail, out,
     bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
     n_tokens, num_programs,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
@@ -699,17 +753,18 @@ def _qkv_rope_kernel_persistent(
     FLAT: tl.constexpr = False,
     INTERLEAVED: tl.constexpr = False,
     CS_VEC: tl.constexpr = 1,
+    BLOCK_N_TAIL: tl.constexpr = 0,
 ):
     """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
     is flattened with the K loop, so the next tile's loads overlap this epilogue."""
     num_tiles = tl.cdiv(n_tokens, BLOCK_M) * (HEAD_BLOCKS * PAIR_BLOCKS)
     for tile_id in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
-        _qkv_tile(tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+        _qkv_tile(tile_id, x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
                   n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
                   HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
                   GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED,
-                  FLAT, INTERLEAVED, CS_VEC)
+                  FLAT, INTERLEAVED, CS_VEC, BLOCK_N_TAIL)
 
 
 # --------------------------------------------------------------------------
@@ -897,12 +952,13 @@ class QKVGemmConfig:
     epilogue_parts: int = 8
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
+        for name in ("block_m", "block_k", "heads_per_tile", "group_m", "num_warps"):
             _check_power_of_two(f"QKVGemmConfig.{name}", getattr(self, name))
+        # the flat layout's N tile may be a main part and a tail (``flat_tile_parts``)
+        _check_tile_layout(self.block_n, self.heads_per_tile, self.flat_pairs is True)
         if min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("QKVGemmConfig block_m, block_n and block_k must be at least 16 "
                              "(the smallest tensor-core tile)")
-        _check_tile_layout(self.block_n, self.heads_per_tile)
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) \
                 or self.num_stages < 1:
             raise ValueError(f"QKVGemmConfig.num_stages must be a positive int, "
@@ -933,6 +989,10 @@ class QKVGemmConfig:
         if self.epilogue_parts != 8 and not (self.flat_pairs and self.epilogue_subtile):
             raise ValueError("QKVGemmConfig.epilogue_parts splits the flat layout's subtiled "
                              "epilogue (flat_pairs=True, epilogue_subtile=True)")
+        if self.flat_pairs and self.block_n_tail and not self.epilogue_subtile:
+            raise ValueError(f"QKVGemmConfig.flat_pairs with a tile of main + tail "
+                             f"(block_n={self.block_n}) needs epilogue_subtile=True (the main "
+                             "part and the tail are stored in parts of one width)")
         if self.programs_per_sm > 1 and not self.persistent:
             raise ValueError("QKVGemmConfig.programs_per_sm > 1 is for the persistent grid "
                              "(persistent=True); one program per tile needs none")
@@ -952,11 +1012,23 @@ class QKVGemmConfig:
         return self.block_n // (2 * self.heads_per_tile)
 
     @property
+    def block_n_main(self) -> int:
+        """Width of the tile's main accumulator (``flat_tile_parts``): block_n, or
+        two thirds of it where the flat tile has a tail."""
+        return flat_tile_parts(self.block_n)[0] if self.flat_pairs else self.block_n
+
+    @property
+    def block_n_tail(self) -> int:
+        """Width of the flat tile's second accumulator (0: none)."""
+        return flat_tile_parts(self.block_n)[1] if self.flat_pairs else 0
+
+    @property
     def store_columns(self) -> int:
         """Contiguous columns of one store: a head's share of the tile (heads x pairs
-        layout) or the whole tile / its half with ``epilogue_subtile`` (flat pairs)."""
+        layout) or the whole tile / its parts with ``epilogue_subtile`` (flat pairs;
+        parts of the main accumulator, the tail in parts of the same width)."""
         if self.flat_pairs:  # subtiled: eighths (``_flat_epilogue``)
-            return self.block_n // (self.epilogue_parts if self.epilogue_subtile else 1)
+            return self.block_n_main // (self.epilogue_parts if self.epilogue_subtile else 1)
         return 2 * self.pairs_per_tile
 
     @property
@@ -1075,6 +1147,24 @@ QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
                   programs_per_sm=2),
     QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=4,
                   programs_per_sm=2),
+    # 192-wide flat tiles (a 128- and a 64-column accumulator: ``flat_tile_parts``;
+    # Kimi's 3456 columns = 18 tiles, no padding), the width cuBLAS's and QuACK's
+    # fastest configs use: a third fewer x reads from L2 than 128-wide tiles. One
+    # warp group (255 registers at sm_90, no spills) two programs per SM with
+    # BLOCK_K 32 (two need 66-90 KB of shared memory each); two warp groups one
+    # program per SM, 128 or 256 rows (256x192: L2 reads per output as QuACK's
+    # 128x192 with its 2x1 cluster multicast)
+    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  num_stages=4, programs_per_sm=2),
+    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  num_stages=3, programs_per_sm=2),
+    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  num_stages=4, programs_per_sm=2, group_m=16),
+    QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True),
+    QKVGemmConfig(block_m=256, block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True,
+                  num_stages=4),
+    QKVGemmConfig(block_m=256, block_n=192, heads_per_tile=1, flat_pairs=True),
+    QKVGemmConfig(block_m=256, block_n=128, heads_per_tile=1, flat_pairs=True),
     # the heads x pairs layout's former defaults
     QKVGemmConfig(persistent=False, epilogue_subtile=False),
     QKVGemmConfig(epilogue_subtile=False),
@@ -1405,15 +1495,18 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bk = config.block_m, config.block_k
-        w_rows = config.block_n // (2 if config.warp_specialize else 1)
+        w_rows = config.block_n_main // (2 if config.warp_specialize else 1)
         x_arg = TensorDescriptor.from_tensor(x, [bm, bk])
         w_arg = TensorDescriptor.from_tensor(permuted.weight, [w_rows, bk])
+        w_tail_arg = (TensorDescriptor.from_tensor(permuted.weight, [config.block_n_tail, bk])
+                      if config.block_n_tail else w_arg)
         box = ([bm, config.store_columns] if config.flat_pairs
                else [bm, store_heads, config.store_columns])
         out_arg = (out_heads if config.warp_specialize
                    else TensorDescriptor.from_tensor(out_heads, box))
     else:
         x_arg, w_arg, out_arg = x, permuted.weight, out_heads
+        w_tail_arg = w_arg
 
     num_tiles = triton.cdiv(tokens, config.block_m) * permuted.head_blocks * permuted.pair_blocks
     angles = coords is not None
@@ -1421,7 +1514,7 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     fast = not triton_interpreter_enabled() and torch.version.hip is None
     angles_mode = (ANGLES_FAST if fast else ANGLES_PRECISE) if angles else ANGLES_TABLE
     table = freqs if angles else cos  # fp32 stand-ins for the inputs a variant does not read
-    args = (x_arg, w_arg, out_arg,
+    args = (x_arg, w_arg, w_tail_arg, out_arg,
             permuted.bias if permuted.bias is not None else table,
             table if angles else cos, table if angles else sin,
             coords if angles else table, table if not angles else freqs,
@@ -1434,7 +1527,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                0 if angles else cos.stride(0) // cs_vec, 0 if angles else cos.stride(1),
                0 if angles else sin.stride(0), 0 if angles else sin.stride(1))
     meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
-                PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m,
+                BLOCK_N=config.block_n_main, BLOCK_N_TAIL=config.block_n_tail,
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
                 ANGLES=angles_mode, USE_TMA=use_tma,
@@ -1446,8 +1540,10 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 num_stages=config.num_stages)
     if config.warp_specialize:
         del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"], meta["CS_VEC"]
+        del meta["BLOCK_N_TAIL"]
         programs = min(num_tiles, _num_sms(x.device))
-        _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
+        ws_args = args[:2] + args[3:]  # no tail accumulator: no w_tail
+        _qkv_rope_kernel_ws[(programs,)](*ws_args, programs, *strides, **meta)
     elif config.persistent:
         programs = min(num_tiles, config.programs_per_sm * _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
