@@ -2,6 +2,7 @@
 
     python tools/qkv_power.py                      # 87,616 tokens, cuBLAS and NVIDIA_QKV_CONFIG
     python tools/qkv_power.py --configs 2,23 --seconds 2
+    python tools/qkv_power.py --quack                # QuACK's GEMMs too
 
 Tests one reading of why our QKV kernel falls further behind cuBLAS as the token
 count grows (1.02x at 21,904 tokens, 1.12x at 87,616, rotation compiled out): that
@@ -36,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--configs", default="", help="comma-separated indices into QKV_SWEEP_CONFIGS "
                    "(default: NVIDIA_QKV_CONFIG)")
     p.add_argument("--seconds", type=float, default=2.0, help="loop time per variant")
+    p.add_argument("--quack", action="store_true",
+                   help="QuACK's plain GEMM (its default config) and its RoPE-epilogue GEMM "
+                        "(128x160) too (installed by tools/device_setup.sh)")
     args = p.parse_args(argv)
     if args.tokens < 1 or args.seconds <= RAMP_S:
         p.error(f"--tokens must be positive and --seconds more than {RAMP_S}")
@@ -91,6 +95,17 @@ def main(argv=None) -> int:
         for name in ("qkv_gemm_rotation_compiled_out", "qkv_rope_linear_angles"):
             fn = qb.ours(name, c, HEADS, HEAD_DIM)
             variants.append((f"{name} {c.label}", lambda fn=fn: fn(a)))
+    if args.quack:
+        from rope_kernels.peers import quack_gemm as quack
+
+        ok, why = quack.availability()
+        if not ok:
+            print(f"qkv_power: QuACK unavailable: {why}", file=sys.stderr)
+            return 2
+        for name, cfg in (("quack_gemm", "quack_default"),
+                          ("quack_gemm_rope", "128x160_c2x1_pingpong")):
+            fn = qb.quack_call(name, cfg, HEADS, HEAD_DIM)
+            variants.append((f"{name} {cfg}", lambda fn=fn: fn(a)))
     variants.append(("cublas_linear (again)", variants[0][1]))
 
     samples = []
