@@ -928,3 +928,43 @@ def test_flat_tile_with_a_tail_is_checked():
     x, w, b, _ = make_problem("cpu")
     with pytest.raises(ValueError, match="power of two or three times"):
         permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=80, heads_per_tile=1, flat=True)
+
+
+ROTATION_CASES = [(64, 2, 8, True), (64, 4, 8, False), (64, 2, 16, False), (96, 4, 8, True)]
+
+
+@pytest.mark.parametrize("block_n,parts,rotation_parts,use_tma", ROTATION_CASES,
+                         ids=[f"{n}-{p}stores-{r}rotations-{'tma' if t else 'pointers'}"
+                              for n, p, r, t in ROTATION_CASES])
+def test_flat_rotation_finer_than_the_stores_matches_float64(block_n, parts, rotation_parts,
+                                                             use_tma, device):
+    """Stores of a quarter or half of the tile, each rotated in eighths or sixteenths
+    (halves, recursively, joined back before the store; a tile with a tail too): every
+    column written and rotated, table (interleaved and separate) and angles."""
+    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
+    config = QKVGemmConfig(block_m=16, block_n=block_n, block_k=16, heads_per_tile=1,
+                           group_m=2, num_stages=1, num_warps=4, persistent=True,
+                           epilogue_subtile=True, use_tma=use_tma, flat_pairs=True,
+                           epilogue_parts=parts, rotation_parts=rotation_parts)
+    assert config.rotate_columns == config.block_n_main // rotation_parts
+    assert config.label.endswith(f"/rot{rotation_parts}/flat" + ("/tma" if use_tma else
+                                                                  "/pointers"))
+    _check_flat(config, device)
+
+
+def test_rotation_parts_are_checked():
+    flat = dict(block_n=128, heads_per_tile=1, flat_pairs=True)
+    for bad in (3, 32, -8, True):
+        with pytest.raises(ValueError, match="rotation_parts must be"):
+            QKVGemmConfig(**flat, rotation_parts=bad)
+    with pytest.raises(ValueError, match="at least as fine as epilogue_parts"):
+        QKVGemmConfig(**flat, epilogue_parts=8, rotation_parts=4)
+    with pytest.raises(ValueError, match="flat layout's subtiled"):
+        QKVGemmConfig(**flat, epilogue_subtile=False, rotation_parts=8)
+    with pytest.raises(ValueError, match="flat layout's subtiled"):
+        QKVGemmConfig(rotation_parts=8)
+    with pytest.raises(ValueError, match="whole pairs"):
+        QKVGemmConfig(block_m=16, block_n=16, block_k=16, heads_per_tile=1, flat_pairs=True,
+                      rotation_parts=16)
+    assert QKVGemmConfig(**flat).rotate_columns == 0

@@ -489,17 +489,18 @@ def _flat_cs(col0, cos_ptr, cos_stride_t, m0, n_tokens, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
-    """Flat layout: rotate COLS consecutive columns of the packed row (W's own order:
-    column ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) and
-    store them. Adjacent columns are a pair, so splitting them is free in registers.
-    INTERLEAVED: the columns' cos/sin in one vectorized gather (``_flat_cs``); else
-    cos/sin per pair (two tables, or angles)."""
-    if ROTATE:
+def _flat_rotated(x, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens, cos_stride_t,
+                  cos_stride_d, sin_stride_t, sin_stride_d, HEADS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, COLS: tl.constexpr,
+                  ROTATE_COLS: tl.constexpr, ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  CS_VEC: tl.constexpr):
+    """Flat layout: COLS consecutive columns of the packed row (W's own order: column
+    ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) with q and k
+    rotated, ROTATE_COLS columns at a time (halves, recursively, joined back: a store
+    wider than the rotation's working set). Adjacent columns are a pair, so splitting
+    them is free in registers. INTERLEAVED: the columns' cos/sin in one vectorized
+    gather (``_flat_cs``); else cos/sin per pair (two tables, or angles)."""
+    if COLS == ROTATE_COLS:
         tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
         x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, COLS // 2, 2)))
         pairs = col0 // 2 + tl.arange(0, COLS // 2)
@@ -513,7 +514,35 @@ def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tok
                             freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                             ANGLES)
         y0, y1 = _rotate(x0, x1, c, s, (pairs < 2 * HEADS * (HEAD_DIM // 2))[None, :])
-        x = tl.reshape(tl.join(y0, y1), (BLOCK_M, COLS))
+        y = tl.reshape(tl.join(y0, y1), (BLOCK_M, COLS))
+    else:
+        xa, xb = _col_halves(x, BLOCK_M, COLS)
+        ya = _flat_rotated(xa, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                           cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                           HEAD_DIM, BLOCK_M, COLS // 2, ROTATE_COLS, ANGLES, INTERLEAVED,
+                           CS_VEC)
+        yb = _flat_rotated(xb, col0 + COLS // 2, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
+                           n_tokens, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                           HEADS, HEAD_DIM, BLOCK_M, COLS // 2, ROTATE_COLS, ANGLES,
+                           INTERLEAVED, CS_VEC)
+        y = tl.reshape(tl.permute(tl.join(ya, yb), (0, 2, 1)), (BLOCK_M, COLS))
+    return y
+
+
+@triton.jit
+def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, USE_TMA: tl.constexpr,
+                ROTATE_COLS: tl.constexpr):
+    """Flat layout: COLS consecutive columns rotated (``_flat_rotated``, ROTATE_COLS
+    at a time; 0: all COLS at once) and stored in one store."""
+    if ROTATE:
+        x = _flat_rotated(x, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                          cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
+                          HEAD_DIM, BLOCK_M, COLS, ROTATE_COLS if ROTATE_COLS else COLS,
+                          ANGLES, INTERLEAVED, CS_VEC)
     _store_cols(out, x, m0, col0, n_tokens, out_stride_t, 3 * HEADS * HEAD_DIM, BLOCK_M,
                 COLS, USE_TMA)
 
@@ -530,23 +559,24 @@ def _flat_stores(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_to
                  HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                  COLS: tl.constexpr, STORE_COLS: tl.constexpr, ROTATE: tl.constexpr,
                  ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
-                 USE_TMA: tl.constexpr):
+                 USE_TMA: tl.constexpr, ROTATE_COLS: tl.constexpr):
     """``_flat_store`` of COLS columns as stores of STORE_COLS contiguous columns, in
     column order (halves, recursively)."""
     if COLS == STORE_COLS:
         _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                    HEAD_DIM, BLOCK_M, COLS, ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
+                    HEAD_DIM, BLOCK_M, COLS, ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA,
+                    ROTATE_COLS)
     else:
         xa, xb = _col_halves(x, BLOCK_M, COLS)
         _flat_stores(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                      out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                      HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE, ANGLES,
-                     INTERLEAVED, CS_VEC, USE_TMA)
+                     INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
         _flat_stores(xb, col0 + COLS // 2, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
                      n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
                      sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE,
-                     ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
+                     ANGLES, INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
 
 
 @triton.jit
@@ -555,17 +585,18 @@ def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_
                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
                    INTERLEAVED: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-                   CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
+                   CS_VEC: tl.constexpr, USE_TMA: tl.constexpr, ROTATE_COLS: tl.constexpr):
     """The flat tile (bias already added): columns n0 ... n0 + BLOCK_N of the packed
     row, in EPILOGUE_SUBTILE stores of that many parts of the columns (the config's
     ``epilogue_parts``: each column has its own cos/sin; at 128x256 on 8 warps, whole,
     in halves or in quarters, the persistent kernel spills on sm_90, in eighths it
-    does not), else (False) in one."""
+    does not), else (False) in one; each store's columns rotated ROTATE_COLS at a time
+    (0: all at once; the config's ``rotation_parts``)."""
     _flat_stores(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                  out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
                  HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // (EPILOGUE_SUBTILE if EPILOGUE_SUBTILE
                                                          else 1),
-                 ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
+                 ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
 
 
 @triton.jit
@@ -575,7 +606,8 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
                    PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
                    ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr,
-                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr):
+                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+                   ROTATE_COLS: tl.constexpr):
     """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D) (or, in
     the flat-pairs layout, to its (T, 3H x D) view)."""
     if HAS_BIAS:
@@ -584,7 +616,7 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
         _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_tokens,
                        out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                        HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED,
-                       EPILOGUE_SUBTILE, CS_VEC, USE_TMA)
+                       EPILOGUE_SUBTILE, CS_VEC, USE_TMA, ROTATE_COLS)
     else:
         _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n, n_tokens,
                         out_stride_t, out_stride_h, cos_stride_t, cos_stride_d, sin_stride_t,
@@ -662,6 +694,7 @@ def _qkv_tile(
     ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr, FLAT: tl.constexpr,
     INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
+    ROTATE_COLS: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N + BLOCK_N_TAIL) output tile: mainloop, then epilogue (a
     flat tile with a tail: the main part's, then the tail's, in parts of one width)."""
@@ -680,14 +713,14 @@ def _qkv_tile(
                    n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
                    sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
                    HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, FLAT,
-                   INTERLEAVED, CS_VEC)
+                   INTERLEAVED, CS_VEC, ROTATE_COLS)
     if BLOCK_N_TAIL:  # flat layout, subtiled: the tail in parts of the main part's width
         _rope_epilogue(acc_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
                        n0 + BLOCK_N, pid_n, n_tokens, out_stride_t, out_stride_h, cos_stride_t,
                        cos_stride_d, sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS,
                        BLOCK_M, BLOCK_N_TAIL, HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES,
                        EPILOGUE_SUBTILE * BLOCK_N_TAIL // BLOCK_N, USE_TMA, FLAT, INTERLEAVED,
-                       CS_VEC)
+                       CS_VEC, ROTATE_COLS)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -717,6 +750,7 @@ def _qkv_rope_kernel(
     INTERLEAVED: tl.constexpr = False,  # cos/sin are freqs_cis's views (flat layout's load)
     CS_VEC: tl.constexpr = 1,  # flat, interleaved: cos_stride_t is in units of CS_VEC floats
     BLOCK_N_TAIL: tl.constexpr = 0,  # flat: the tile's second accumulator (0: none)
+    ROTATE_COLS: tl.constexpr = 0,  # flat: columns rotated at a time (0: a store's)
 ):
     """One program per output tile."""
     _qkv_tile(tl.program_id(0), x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
@@ -724,7 +758,7 @@ def _qkv_rope_kernel(
               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
               HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
               HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED, FLAT,
-              INTERLEAVED, CS_VEC, BLOCK_N_TAIL)
+              INTERLEAVED, CS_VEC, BLOCK_N_TAIL, ROTATE_COLS)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
@@ -754,6 +788,7 @@ def _qkv_rope_kernel_persistent(
     INTERLEAVED: tl.constexpr = False,
     CS_VEC: tl.constexpr = 1,
     BLOCK_N_TAIL: tl.constexpr = 0,
+    ROTATE_COLS: tl.constexpr = 0,
 ):
     """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
     is flattened with the K loop, so the next tile's loads overlap this epilogue."""
@@ -764,7 +799,7 @@ def _qkv_rope_kernel_persistent(
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
                   HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
                   GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED,
-                  FLAT, INTERLEAVED, CS_VEC, BLOCK_N_TAIL)
+                  FLAT, INTERLEAVED, CS_VEC, BLOCK_N_TAIL, ROTATE_COLS)
 
 
 # --------------------------------------------------------------------------
@@ -950,6 +985,11 @@ class QKVGemmConfig:
     # contiguous columns (8: eighths, the only split of 128x256 on 8 warps without
     # spills on sm_90; 128x128 tiles also compile in quarters and halves).
     epilogue_parts: int = 8
+    # Flat layout, subtiled: each store's columns rotated in parts of the tile's main
+    # accumulator this fine (0: a store's columns at once). Stores in quarters with the
+    # rotation in eighths (4 and 8): fewer serialized TMA stores a tile, the rotation's
+    # working set of eighths.
+    rotation_parts: int = 0
 
     def __post_init__(self):
         for name in ("block_m", "block_k", "heads_per_tile", "group_m", "num_warps"):
@@ -989,6 +1029,17 @@ class QKVGemmConfig:
         if self.epilogue_parts != 8 and not (self.flat_pairs and self.epilogue_subtile):
             raise ValueError("QKVGemmConfig.epilogue_parts splits the flat layout's subtiled "
                              "epilogue (flat_pairs=True, epilogue_subtile=True)")
+        if self.rotation_parts not in (0, 2, 4, 8, 16) or isinstance(self.rotation_parts, bool):
+            raise ValueError(f"QKVGemmConfig.rotation_parts must be 0, 2, 4, 8 or 16, "
+                             f"got {self.rotation_parts!r}")
+        if self.rotation_parts and not (
+                self.flat_pairs and self.epilogue_subtile
+                and self.rotation_parts >= self.epilogue_parts
+                and self.block_n_main // self.rotation_parts >= 2):
+            raise ValueError("QKVGemmConfig.rotation_parts splits the flat layout's subtiled "
+                             "stores (flat_pairs=True, epilogue_subtile=True) into parts at "
+                             f"least as fine as epilogue_parts ({self.epilogue_parts}) and of "
+                             f"whole pairs, got {self.rotation_parts}")
         if self.flat_pairs and self.block_n_tail and not self.epilogue_subtile:
             raise ValueError(f"QKVGemmConfig.flat_pairs with a tile of main + tail "
                              f"(block_n={self.block_n}) needs epilogue_subtile=True (the main "
@@ -1023,6 +1074,11 @@ class QKVGemmConfig:
         return flat_tile_parts(self.block_n)[1] if self.flat_pairs else 0
 
     @property
+    def rotate_columns(self) -> int:
+        """Columns rotated at a time inside a store (0: the store's columns)."""
+        return self.block_n_main // self.rotation_parts if self.rotation_parts else 0
+
+    @property
     def store_columns(self) -> int:
         """Contiguous columns of one store: a head's share of the tile (heads x pairs
         layout) or the whole tile / its parts with ``epilogue_subtile`` (flat pairs;
@@ -1048,6 +1104,7 @@ class QKVGemmConfig:
                                  ("subtile" + ("" if self.epilogue_parts == 8 else
                                                str(self.epilogue_parts)),
                                   self.epilogue_subtile),
+                                 (f"rot{self.rotation_parts}", self.rotation_parts > 0),
                                  ("flat", self.flat_pairs),
                                  ("tma", self.use_tma is True),
                                  ("pointers", self.use_tma is False)) if on]
@@ -1147,6 +1204,16 @@ QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
                   programs_per_sm=2),
     QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=4,
                   programs_per_sm=2),
+    # 128x128 two programs per SM, stores in quarters or halves (fewer serialized TMA
+    # stores a tile) rotated in eighths or sixteenths (``rotation_parts``)
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2, epilogue_parts=4, rotation_parts=8),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=16,
+                  programs_per_sm=2, epilogue_parts=4, rotation_parts=8),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2, epilogue_parts=4, rotation_parts=16),
+    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
+                  programs_per_sm=2, epilogue_parts=2, rotation_parts=8),
     # 192-wide flat tiles (a 128- and a 64-column accumulator: ``flat_tile_parts``;
     # Kimi's 3456 columns = 18 tiles, no padding), the width cuBLAS's and QuACK's
     # fastest configs use: a third fewer x reads from L2 than 128-wide tiles. One
@@ -1521,7 +1588,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
             tokens)
     interleaved = config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)
     # the flat epilogue's cos/sin vectors: runs of n % head_dim inside a store's columns
-    cs_vec = cos_sin_vector(cos, sin, head_dim, config.store_columns) if interleaved else 1
+    cs_vec = (cos_sin_vector(cos, sin, head_dim, config.rotate_columns or config.store_columns)
+              if interleaved else 1)
     strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0),
                0 if config.flat_pairs else out_heads.stride(1),
                0 if angles else cos.stride(0) // cs_vec, 0 if angles else cos.stride(1),
@@ -1529,6 +1597,7 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
                 PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m,
                 BLOCK_N=config.block_n_main, BLOCK_N_TAIL=config.block_n_tail,
+                ROTATE_COLS=config.rotate_columns,
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
                 ANGLES=angles_mode, USE_TMA=use_tma,
@@ -1540,7 +1609,7 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 num_stages=config.num_stages)
     if config.warp_specialize:
         del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"], meta["CS_VEC"]
-        del meta["BLOCK_N_TAIL"]
+        del meta["BLOCK_N_TAIL"], meta["ROTATE_COLS"]
         programs = min(num_tiles, _num_sms(x.device))
         ws_args = args[:2] + args[3:]  # no tail accumulator: no w_tail
         _qkv_rope_kernel_ws[(programs,)](*ws_args, programs, *strides, **meta)
