@@ -16,7 +16,7 @@ from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequenc
 from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, permute_qkv_weight,
                                            qkv_gemm_config, qkv_linear_rotation_compiled_out,
                                            qkv_rope_linear, qkv_rope_linear_angles, qkv_row_order,
-                                           flat_tile_parts, rotating_qkv_projection, tile_layout,
+                                           rotating_qkv_projection, tile_layout,
                                            unpermute_qkv_weight)
 from rope_kernels.correctness import draw_qkv_problem, new_seed
 from rope_kernels.kernels.reference import cos_sin_views
@@ -884,87 +884,3 @@ def test_cos_sin_vector_divides_strides_base_and_counts():
     assert cos_sin_vector(cos, sin, 70) == 2 and cos_sin_vector(cos, sin, 8, 3) == 1
     shifted = torch.empty(2 + TOKENS * HEAD_DIM)[2:].view(TOKENS, HEAD_DIM)
     assert cos_sin_vector(shifted[:, 0::2], shifted[:, 1::2]) == 2  # base 8 bytes past 16
-
-
-TAIL_CASES = [(48, 2, True, True), (48, 2, False, False), (96, 4, True, False),
-              (96, 8, False, True), (24, 8, False, True)]
-
-
-@pytest.mark.parametrize("block_n,parts,use_tma,persistent", TAIL_CASES,
-                         ids=[f"{n}-{p}parts-{'tma' if t else 'pointers'}-"
-                              f"{'persistent' if q else 'tiles'}" for n, p, t, q in TAIL_CASES])
-def test_flat_tile_with_a_tail_matches_float64(block_n, parts, use_tma, persistent, device):
-    """A flat tile of three times a power of two runs as a main and a tail accumulator
-    (48 = 32 + 16: 432 columns in 9 whole tiles; 96 = 64 + 32: the last tile half
-    padding; 24 = 16 + 8: stores of 2 columns, through pointers), the tail
-    stored in parts of the main part's width: every column written and rotated."""
-    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    config = QKVGemmConfig(block_m=16, block_n=block_n, block_k=16, heads_per_tile=1,
-                           group_m=2, num_stages=1, num_warps=4, persistent=persistent,
-                           epilogue_subtile=True, use_tma=use_tma, flat_pairs=True,
-                           epilogue_parts=parts, programs_per_sm=2 if persistent else 1)
-    main, tail = flat_tile_parts(block_n)
-    assert (config.block_n_main, config.block_n_tail) == (main, tail) == (2 * tail, block_n // 3)
-    assert config.store_columns == main // parts
-    _check_flat(config, device)
-
-
-def test_flat_tile_with_a_tail_is_checked():
-    """Three times a power of two only, in the flat layout only, and subtiled."""
-    assert flat_tile_parts(128) == (128, 0) and flat_tile_parts(192) == (128, 64)
-    for bad in (80, 160, 0, -48, 48.0, True):
-        with pytest.raises(ValueError, match="block_n"):
-            flat_tile_parts(bad)
-    with pytest.raises(ValueError, match="power of two"):
-        QKVGemmConfig(block_n=192, heads_per_tile=16)
-    with pytest.raises(ValueError, match="power of two or three times"):
-        QKVGemmConfig(block_n=160, heads_per_tile=1, flat_pairs=True)
-    with pytest.raises(ValueError, match="main \\+ tail"):
-        QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True, epilogue_subtile=False)
-    config = QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                           num_stages=2, programs_per_sm=2)
-    assert config.label.startswith("128x192x64x1/2/4/") and config.store_columns == 16
-    x, w, b, _ = make_problem("cpu")
-    with pytest.raises(ValueError, match="power of two or three times"):
-        permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=80, heads_per_tile=1, flat=True)
-
-
-ROTATION_CASES = [(64, 2, 8, True), (64, 4, 8, False), (64, 2, 16, False), (96, 4, 8, True)]
-
-
-@pytest.mark.parametrize("block_n,parts,rotation_parts,use_tma", ROTATION_CASES,
-                         ids=[f"{n}-{p}stores-{r}rotations-{'tma' if t else 'pointers'}"
-                              for n, p, r, t in ROTATION_CASES])
-def test_flat_rotation_finer_than_the_stores_matches_float64(block_n, parts, rotation_parts,
-                                                             use_tma, device):
-    """Stores of a quarter or half of the tile, each rotated in eighths or sixteenths
-    (halves, recursively, joined back before the store; a tile with a tail too): every
-    column written and rotated, table (interleaved and separate) and angles."""
-    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    config = QKVGemmConfig(block_m=16, block_n=block_n, block_k=16, heads_per_tile=1,
-                           group_m=2, num_stages=1, num_warps=4, persistent=True,
-                           epilogue_subtile=True, use_tma=use_tma, flat_pairs=True,
-                           epilogue_parts=parts, rotation_parts=rotation_parts)
-    assert config.rotate_columns == config.block_n_main // rotation_parts
-    assert config.label.endswith(f"/rot{rotation_parts}/flat" + ("/tma" if use_tma else
-                                                                  "/pointers"))
-    _check_flat(config, device)
-
-
-def test_rotation_parts_are_checked():
-    flat = dict(block_n=128, heads_per_tile=1, flat_pairs=True)
-    for bad in (3, 32, -8, True):
-        with pytest.raises(ValueError, match="rotation_parts must be"):
-            QKVGemmConfig(**flat, rotation_parts=bad)
-    with pytest.raises(ValueError, match="at least as fine as epilogue_parts"):
-        QKVGemmConfig(**flat, epilogue_parts=8, rotation_parts=4)
-    with pytest.raises(ValueError, match="flat layout's subtiled"):
-        QKVGemmConfig(**flat, epilogue_subtile=False, rotation_parts=8)
-    with pytest.raises(ValueError, match="flat layout's subtiled"):
-        QKVGemmConfig(rotation_parts=8)
-    with pytest.raises(ValueError, match="whole pairs"):
-        QKVGemmConfig(block_m=16, block_n=16, block_k=16, heads_per_tile=1, flat_pairs=True,
-                      rotation_parts=16)
-    assert QKVGemmConfig(**flat).rotate_columns == 0

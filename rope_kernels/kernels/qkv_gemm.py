@@ -116,28 +116,8 @@ def _check_power_of_two(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive power of two, got {value!r}")
 
 
-def flat_tile_parts(block_n: int) -> tuple[int, int]:
-    """(main, tail) accumulator widths of a flat N tile: a power of two is one part
-    (tail 0); three times a power of two (96, 192, 384) is a main part of two thirds
-    and a tail of one third, so a 192-wide tile (Kimi: 3456 columns = 18 tiles, no
-    padding) runs as a 128- and a 64-column accumulator (Triton's blocks are powers
-    of two)."""
-    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1:
-        raise ValueError(f"block_n must be a positive int, got {block_n!r}")
-    if block_n & (block_n - 1) == 0:
-        return block_n, 0
-    third = block_n // 3
-    if block_n % 3 or third & (third - 1):
-        raise ValueError(f"block_n of the flat layout must be a power of two or three times "
-                         f"one (a main part and a tail), got {block_n}")
-    return 2 * third, third
-
-
-def _check_tile_layout(block_n: int, heads_per_tile: int, flat: bool = False) -> None:
-    if flat:
-        flat_tile_parts(block_n)
-    else:
-        _check_power_of_two("block_n", block_n)
+def _check_tile_layout(block_n: int, heads_per_tile: int) -> None:
+    _check_power_of_two("block_n", block_n)
     _check_power_of_two("heads_per_tile", heads_per_tile)
     if block_n < 2 * heads_per_tile:
         raise ValueError(f"block_n ({block_n}) must hold at least one pair of each of its "
@@ -159,7 +139,7 @@ def qkv_row_order(heads: int, head_dim: int, block_n: int, heads_per_tile: int,
     1 odd) of pair ``jb * pairs_per_tile + r % pairs_per_tile`` of head
     ``hb * heads_per_tile + (r // pairs_per_tile) % heads_per_tile``; heads
     run over q, k, v (3H of them)."""
-    _check_tile_layout(block_n, heads_per_tile, flat)
+    _check_tile_layout(block_n, heads_per_tile)
     if flat:  # W's own order, zero rows to whole tiles
         total = 3 * heads * head_dim
         rows = torch.arange(triton.cdiv(total, block_n) * block_n)
@@ -373,26 +353,6 @@ def _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constex
     return acc
 
 
-@triton.jit
-def _mainloop_tail(x, w, w_tail, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
-                   BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
-    """``_mainloop`` of a tile of BLOCK_N + BLOCK_N_TAIL columns (the flat layout's
-    192-wide tile: 128 + 64) as two fp32 accumulators sharing each x tile: W rows
-    [n0, n0 + BLOCK_N) and [n0 + BLOCK_N, n0 + BLOCK_N + BLOCK_N_TAIL) (``w_tail``:
-    W again, its TMA box the tail's rows)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_tail = tl.zeros((BLOCK_M, BLOCK_N_TAIL), dtype=tl.float32)
-    for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
-        a = _load_x(x, m0, ki * BLOCK_K, n_tokens, x_stride_t, HIDDEN, BLOCK_M, BLOCK_K, USE_TMA)
-        b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA)
-        bt = _load_w(w_tail, n0 + BLOCK_N, ki * BLOCK_K, w_stride_n, HIDDEN, BLOCK_N_TAIL,
-                     BLOCK_K, USE_TMA)
-        acc = _dot(a, b, acc, INTERPRETED)
-        acc_tail = _dot(a, bt, acc_tail, INTERPRETED)
-    return acc, acc_tail
-
-
 # --------------------------------------------------------------------------
 # 4. Epilogue: bias, rotation, store
 # --------------------------------------------------------------------------
@@ -489,18 +449,17 @@ def _flat_cs(col0, cos_ptr, cos_stride_t, m0, n_tokens, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _flat_rotated(x, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens, cos_stride_t,
-                  cos_stride_d, sin_stride_t, sin_stride_d, HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, COLS: tl.constexpr,
-                  ROTATE_COLS: tl.constexpr, ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  CS_VEC: tl.constexpr):
-    """Flat layout: COLS consecutive columns of the packed row (W's own order: column
-    ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) with q and k
-    rotated, ROTATE_COLS columns at a time (halves, recursively, joined back: a store
-    wider than the rotation's working set). Adjacent columns are a pair, so splitting
-    them is free in registers. INTERLEAVED: the columns' cos/sin in one vectorized
-    gather (``_flat_cs``); else cos/sin per pair (two tables, or angles)."""
-    if COLS == ROTATE_COLS:
+def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
+                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
+                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
+                INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
+    """Flat layout: rotate COLS consecutive columns of the packed row (W's own order:
+    column ``n`` is member ``n % 2`` of pair ``(n % D) / 2`` of head ``n // D``) and
+    store them. Adjacent columns are a pair, so splitting them is free in registers.
+    INTERLEAVED: the columns' cos/sin in one vectorized gather (``_flat_cs``); else
+    cos/sin per pair (two tables, or angles)."""
+    if ROTATE:
         tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
         x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, COLS // 2, 2)))
         pairs = col0 // 2 + tl.arange(0, COLS // 2)
@@ -514,35 +473,7 @@ def _flat_rotated(x, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens
                             freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                             ANGLES)
         y0, y1 = _rotate(x0, x1, c, s, (pairs < 2 * HEADS * (HEAD_DIM // 2))[None, :])
-        y = tl.reshape(tl.join(y0, y1), (BLOCK_M, COLS))
-    else:
-        xa, xb = _col_halves(x, BLOCK_M, COLS)
-        ya = _flat_rotated(xa, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                           cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                           HEAD_DIM, BLOCK_M, COLS // 2, ROTATE_COLS, ANGLES, INTERLEAVED,
-                           CS_VEC)
-        yb = _flat_rotated(xb, col0 + COLS // 2, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                           n_tokens, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                           HEADS, HEAD_DIM, BLOCK_M, COLS // 2, ROTATE_COLS, ANGLES,
-                           INTERLEAVED, CS_VEC)
-        y = tl.reshape(tl.permute(tl.join(ya, yb), (0, 2, 1)), (BLOCK_M, COLS))
-    return y
-
-
-@triton.jit
-def _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
-                HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                COLS: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
-                INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, USE_TMA: tl.constexpr,
-                ROTATE_COLS: tl.constexpr):
-    """Flat layout: COLS consecutive columns rotated (``_flat_rotated``, ROTATE_COLS
-    at a time; 0: all COLS at once) and stored in one store."""
-    if ROTATE:
-        x = _flat_rotated(x, col0, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
-                          cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                          HEAD_DIM, BLOCK_M, COLS, ROTATE_COLS if ROTATE_COLS else COLS,
-                          ANGLES, INTERLEAVED, CS_VEC)
+        x = tl.reshape(tl.join(y0, y1), (BLOCK_M, COLS))
     _store_cols(out, x, m0, col0, n_tokens, out_stride_t, 3 * HEADS * HEAD_DIM, BLOCK_M,
                 COLS, USE_TMA)
 
@@ -559,24 +490,23 @@ def _flat_stores(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_to
                  HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                  COLS: tl.constexpr, STORE_COLS: tl.constexpr, ROTATE: tl.constexpr,
                  ANGLES: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
-                 USE_TMA: tl.constexpr, ROTATE_COLS: tl.constexpr):
+                 USE_TMA: tl.constexpr):
     """``_flat_store`` of COLS columns as stores of STORE_COLS contiguous columns, in
     column order (halves, recursively)."""
     if COLS == STORE_COLS:
         _flat_store(x, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                     out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
-                    HEAD_DIM, BLOCK_M, COLS, ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA,
-                    ROTATE_COLS)
+                    HEAD_DIM, BLOCK_M, COLS, ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
     else:
         xa, xb = _col_halves(x, BLOCK_M, COLS)
         _flat_stores(xa, col0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                      out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                      HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE, ANGLES,
-                     INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
+                     INTERLEAVED, CS_VEC, USE_TMA)
         _flat_stores(xb, col0 + COLS // 2, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
                      n_tokens, out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t,
                      sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS, ROTATE,
-                     ANGLES, INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
+                     ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
 
 
 @triton.jit
@@ -585,18 +515,17 @@ def _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_
                    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, ROTATE: tl.constexpr, ANGLES: tl.constexpr,
                    INTERLEAVED: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-                   CS_VEC: tl.constexpr, USE_TMA: tl.constexpr, ROTATE_COLS: tl.constexpr):
+                   CS_VEC: tl.constexpr, USE_TMA: tl.constexpr):
     """The flat tile (bias already added): columns n0 ... n0 + BLOCK_N of the packed
     row, in EPILOGUE_SUBTILE stores of that many parts of the columns (the config's
     ``epilogue_parts``: each column has its own cos/sin; at 128x256 on 8 warps, whole,
     in halves or in quarters, the persistent kernel spills on sm_90, in eighths it
-    does not), else (False) in one; each store's columns rotated ROTATE_COLS at a time
-    (0: all at once; the config's ``rotation_parts``)."""
+    does not), else (False) in one."""
     _flat_stores(acc, n0, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n_tokens,
                  out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
                  HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // (EPILOGUE_SUBTILE if EPILOGUE_SUBTILE
                                                          else 1),
-                 ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA, ROTATE_COLS)
+                 ROTATE, ANGLES, INTERLEAVED, CS_VEC, USE_TMA)
 
 
 @triton.jit
@@ -606,8 +535,7 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
                    PAIR_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HEADS_PER_TILE: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATE: tl.constexpr,
                    ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, USE_TMA: tl.constexpr,
-                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
-                   ROTATE_COLS: tl.constexpr):
+                   FLAT: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr):
     """Bias, then q/k rotation of the accumulator tile, stored to (T, 3H, D) (or, in
     the flat-pairs layout, to its (T, 3H x D) view)."""
     if HAS_BIAS:
@@ -616,7 +544,7 @@ def _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, 
         _flat_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, n_tokens,
                        out_stride_t, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
                        HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, ROTATE, ANGLES, INTERLEAVED,
-                       EPILOGUE_SUBTILE, CS_VEC, USE_TMA, ROTATE_COLS)
+                       EPILOGUE_SUBTILE, CS_VEC, USE_TMA)
     else:
         _heads_epilogue(acc, out, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, pid_n, n_tokens,
                         out_stride_t, out_stride_h, cos_stride_t, cos_stride_d, sin_stride_t,
@@ -684,7 +612,7 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _qkv_tile(
-    tile_id, x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, n_tokens,
+    tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,
     HIDDEN: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -693,39 +621,25 @@ def _qkv_tile(
     HEADS_PER_TILE: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
     ROTATE: tl.constexpr, ANGLES: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr, FLAT: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr, BLOCK_N_TAIL: tl.constexpr,
-    ROTATE_COLS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N + BLOCK_N_TAIL) output tile: mainloop, then epilogue (a
-    flat tile with a tail: the main part's, then the tail's, in parts of one width)."""
+    """One (BLOCK_M, BLOCK_N) output tile: mainloop, then epilogue."""
     pid_m, pid_n = _tile_coords(tile_id, tl.cdiv(n_tokens, BLOCK_M), HEAD_BLOCKS * PAIR_BLOCKS,
                                 GROUP_M)
     m0 = pid_m * BLOCK_M
-    n0 = pid_n * (BLOCK_N + BLOCK_N_TAIL)
-    if BLOCK_N_TAIL:
-        acc, acc_tail = _mainloop_tail(x, w, w_tail, m0, n0, n_tokens, x_stride_t, w_stride_n,
-                                       HIDDEN, BLOCK_M, BLOCK_N, BLOCK_N_TAIL, BLOCK_K, USE_TMA,
-                                       INTERPRETED)
-    else:
-        acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN, BLOCK_M,
-                        BLOCK_N, BLOCK_K, USE_TMA, INTERPRETED)
+    n0 = pid_n * BLOCK_N
+    acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, HIDDEN, BLOCK_M, BLOCK_N,
+                    BLOCK_K, USE_TMA, INTERPRETED)
     _rope_epilogue(acc, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0, n0, pid_n,
                    n_tokens, out_stride_t, out_stride_h, cos_stride_t, cos_stride_d,
                    sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS, BLOCK_M, BLOCK_N,
                    HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, FLAT,
-                   INTERLEAVED, CS_VEC, ROTATE_COLS)
-    if BLOCK_N_TAIL:  # flat layout, subtiled: the tail in parts of the main part's width
-        _rope_epilogue(acc_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr, m0,
-                       n0 + BLOCK_N, pid_n, n_tokens, out_stride_t, out_stride_h, cos_stride_t,
-                       cos_stride_d, sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, PAIR_BLOCKS,
-                       BLOCK_M, BLOCK_N_TAIL, HEADS_PER_TILE, HAS_BIAS, ROTATE, ANGLES,
-                       EPILOGUE_SUBTILE * BLOCK_N_TAIL // BLOCK_N, USE_TMA, FLAT, INTERLEAVED,
-                       CS_VEC, ROTATE_COLS)
+                   INTERLEAVED, CS_VEC)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
 def _qkv_rope_kernel(
-    x, w, w_tail, out,  # TMA descriptors when USE_TMA, else pointers
+    x, w, out,  # TMA descriptors when USE_TMA, else pointers
     bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
     n_tokens,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
@@ -749,21 +663,19 @@ def _qkv_rope_kernel(
     FLAT: tl.constexpr = False,  # the flat layout (QKVGemmConfig.flat_pairs)
     INTERLEAVED: tl.constexpr = False,  # cos/sin are freqs_cis's views (flat layout's load)
     CS_VEC: tl.constexpr = 1,  # flat, interleaved: cos_stride_t is in units of CS_VEC floats
-    BLOCK_N_TAIL: tl.constexpr = 0,  # flat: the tile's second accumulator (0: none)
-    ROTATE_COLS: tl.constexpr = 0,  # flat: columns rotated at a time (0: a store's)
 ):
     """One program per output tile."""
-    _qkv_tile(tl.program_id(0), x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+    _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
               n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
               cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM,
               HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE, GROUP_M,
               HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED, FLAT,
-              INTERLEAVED, CS_VEC, BLOCK_N_TAIL, ROTATE_COLS)
+              INTERLEAVED, CS_VEC)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
 def _qkv_rope_kernel_persistent(
-    x, w, w_tail, out,
+    x, w, out,
     bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
     n_tokens, num_programs,
     x_stride_t, w_stride_n, out_stride_t, out_stride_h,
@@ -787,19 +699,17 @@ def _qkv_rope_kernel_persistent(
     FLAT: tl.constexpr = False,
     INTERLEAVED: tl.constexpr = False,
     CS_VEC: tl.constexpr = 1,
-    BLOCK_N_TAIL: tl.constexpr = 0,
-    ROTATE_COLS: tl.constexpr = 0,
 ):
     """``num_programs`` programs (one per SM) stride over the tiles; the tile loop
     is flattened with the K loop, so the next tile's loads overlap this epilogue."""
     num_tiles = tl.cdiv(n_tokens, BLOCK_M) * (HEAD_BLOCKS * PAIR_BLOCKS)
     for tile_id in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=True):
-        _qkv_tile(tile_id, x, w, w_tail, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
+        _qkv_tile(tile_id, x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
                   n_tokens, x_stride_t, w_stride_n, out_stride_t, out_stride_h,
                   cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HIDDEN, HEADS,
                   HEAD_DIM, HEAD_BLOCKS, PAIR_BLOCKS, BLOCK_M, BLOCK_N, BLOCK_K, HEADS_PER_TILE,
                   GROUP_M, HAS_BIAS, ROTATE, ANGLES, EPILOGUE_SUBTILE, USE_TMA, INTERPRETED,
-                  FLAT, INTERLEAVED, CS_VEC, BLOCK_N_TAIL, ROTATE_COLS)
+                  FLAT, INTERLEAVED, CS_VEC)
 
 
 # --------------------------------------------------------------------------
@@ -985,20 +895,14 @@ class QKVGemmConfig:
     # contiguous columns (8: eighths, the only split of 128x256 on 8 warps without
     # spills on sm_90; 128x128 tiles also compile in quarters and halves).
     epilogue_parts: int = 8
-    # Flat layout, subtiled: each store's columns rotated in parts of the tile's main
-    # accumulator this fine (0: a store's columns at once). Stores in quarters with the
-    # rotation in eighths (4 and 8): fewer serialized TMA stores a tile, the rotation's
-    # working set of eighths.
-    rotation_parts: int = 0
 
     def __post_init__(self):
-        for name in ("block_m", "block_k", "heads_per_tile", "group_m", "num_warps"):
+        for name in ("block_m", "block_n", "block_k", "heads_per_tile", "group_m", "num_warps"):
             _check_power_of_two(f"QKVGemmConfig.{name}", getattr(self, name))
-        # the flat layout's N tile may be a main part and a tail (``flat_tile_parts``)
-        _check_tile_layout(self.block_n, self.heads_per_tile, self.flat_pairs is True)
         if min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("QKVGemmConfig block_m, block_n and block_k must be at least 16 "
                              "(the smallest tensor-core tile)")
+        _check_tile_layout(self.block_n, self.heads_per_tile)
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) \
                 or self.num_stages < 1:
             raise ValueError(f"QKVGemmConfig.num_stages must be a positive int, "
@@ -1029,21 +933,6 @@ class QKVGemmConfig:
         if self.epilogue_parts != 8 and not (self.flat_pairs and self.epilogue_subtile):
             raise ValueError("QKVGemmConfig.epilogue_parts splits the flat layout's subtiled "
                              "epilogue (flat_pairs=True, epilogue_subtile=True)")
-        if self.rotation_parts not in (0, 2, 4, 8, 16) or isinstance(self.rotation_parts, bool):
-            raise ValueError(f"QKVGemmConfig.rotation_parts must be 0, 2, 4, 8 or 16, "
-                             f"got {self.rotation_parts!r}")
-        if self.rotation_parts and not (
-                self.flat_pairs and self.epilogue_subtile
-                and self.rotation_parts >= self.epilogue_parts
-                and self.block_n_main // self.rotation_parts >= 2):
-            raise ValueError("QKVGemmConfig.rotation_parts splits the flat layout's subtiled "
-                             "stores (flat_pairs=True, epilogue_subtile=True) into parts at "
-                             f"least as fine as epilogue_parts ({self.epilogue_parts}) and of "
-                             f"whole pairs, got {self.rotation_parts}")
-        if self.flat_pairs and self.block_n_tail and not self.epilogue_subtile:
-            raise ValueError(f"QKVGemmConfig.flat_pairs with a tile of main + tail "
-                             f"(block_n={self.block_n}) needs epilogue_subtile=True (the main "
-                             "part and the tail are stored in parts of one width)")
         if self.programs_per_sm > 1 and not self.persistent:
             raise ValueError("QKVGemmConfig.programs_per_sm > 1 is for the persistent grid "
                              "(persistent=True); one program per tile needs none")
@@ -1063,28 +952,11 @@ class QKVGemmConfig:
         return self.block_n // (2 * self.heads_per_tile)
 
     @property
-    def block_n_main(self) -> int:
-        """Width of the tile's main accumulator (``flat_tile_parts``): block_n, or
-        two thirds of it where the flat tile has a tail."""
-        return flat_tile_parts(self.block_n)[0] if self.flat_pairs else self.block_n
-
-    @property
-    def block_n_tail(self) -> int:
-        """Width of the flat tile's second accumulator (0: none)."""
-        return flat_tile_parts(self.block_n)[1] if self.flat_pairs else 0
-
-    @property
-    def rotate_columns(self) -> int:
-        """Columns rotated at a time inside a store (0: the store's columns)."""
-        return self.block_n_main // self.rotation_parts if self.rotation_parts else 0
-
-    @property
     def store_columns(self) -> int:
         """Contiguous columns of one store: a head's share of the tile (heads x pairs
-        layout) or the whole tile / its parts with ``epilogue_subtile`` (flat pairs;
-        parts of the main accumulator, the tail in parts of the same width)."""
+        layout) or the whole tile / its half with ``epilogue_subtile`` (flat pairs)."""
         if self.flat_pairs:  # subtiled: eighths (``_flat_epilogue``)
-            return self.block_n_main // (self.epilogue_parts if self.epilogue_subtile else 1)
+            return self.block_n // (self.epilogue_parts if self.epilogue_subtile else 1)
         return 2 * self.pairs_per_tile
 
     @property
@@ -1104,7 +976,6 @@ class QKVGemmConfig:
                                  ("subtile" + ("" if self.epilogue_parts == 8 else
                                                str(self.epilogue_parts)),
                                   self.epilogue_subtile),
-                                 (f"rot{self.rotation_parts}", self.rotation_parts > 0),
                                  ("flat", self.flat_pairs),
                                  ("tma", self.use_tma is True),
                                  ("pointers", self.use_tma is False)) if on]
@@ -1204,39 +1075,28 @@ QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
                   programs_per_sm=2),
     QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=4,
                   programs_per_sm=2),
-    # 128x128 two programs per SM, stores in quarters or halves (fewer serialized TMA
-    # stores a tile) rotated in eighths or sixteenths (``rotation_parts``)
-    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  programs_per_sm=2, epilogue_parts=4, rotation_parts=8),
-    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4, group_m=16,
-                  programs_per_sm=2, epilogue_parts=4, rotation_parts=8),
-    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  programs_per_sm=2, epilogue_parts=4, rotation_parts=16),
-    QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  programs_per_sm=2, epilogue_parts=2, rotation_parts=8),
-    # 192-wide flat tiles (a 128- and a 64-column accumulator: ``flat_tile_parts``;
-    # Kimi's 3456 columns = 18 tiles, no padding), the width cuBLAS's and QuACK's
-    # fastest configs use: a third fewer x reads from L2 than 128-wide tiles. One
-    # warp group (255 registers at sm_90, no spills) two programs per SM with
-    # BLOCK_K 32 (two need 66-90 KB of shared memory each); two warp groups one
-    # program per SM, 128 or 256 rows (256x192: L2 reads per output as QuACK's
-    # 128x192 with its 2x1 cluster multicast)
-    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  num_stages=4, programs_per_sm=2),
-    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  num_stages=3, programs_per_sm=2),
-    QKVGemmConfig(block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True, num_warps=4,
-                  num_stages=4, programs_per_sm=2, group_m=16),
-    QKVGemmConfig(block_n=192, heads_per_tile=1, flat_pairs=True),
-    QKVGemmConfig(block_m=256, block_n=192, block_k=32, heads_per_tile=1, flat_pairs=True,
-                  num_stages=4),
-    QKVGemmConfig(block_m=256, block_n=192, heads_per_tile=1, flat_pairs=True),
-    QKVGemmConfig(block_m=256, block_n=128, heads_per_tile=1, flat_pairs=True),
     # the heads x pairs layout's former defaults
     QKVGemmConfig(persistent=False, epilogue_subtile=False),
     QKVGemmConfig(epilogue_subtile=False),
     QKVGemmConfig(persistent=False, num_stages=4, epilogue_subtile=False),
 )))
+
+# Tried on an H200 on 2026-12-04 and taken out again (Kimi 1152 -> 3 x 16 x 72, bf16,
+# cold, CUDA graphs, tools/qkv_sweep.py; the code is in the commits named):
+# - 192-wide flat tiles as a 128- and a 64-column accumulator (the width of cuBLAS's and
+#   QuACK's fastest configs; a third fewer x reads from L2; commit f7b8d4d): with the
+#   rotation compiled out 1.37-1.68x cuBLAS at 87,616 and 21,904 tokens (one warp group,
+#   BLOCK_K 32, two programs per SM: 255 registers, 1.40-1.47x; 256x192 on two warp
+#   groups: 1.37x) against this default's 1.10-1.13x in the same run: the tile's two
+#   dependent wgmma chains and the lost epilogue overlap cost more than the L2 bytes saved.
+# - Stores in quarters rotated in eighths (``rotation_parts``, commit d09e92f): the
+#   quarters' faster stores (rotation compiled out 5-9% under eighths) did not survive the
+#   rotation: with the angles level with this default within the two sweeps' spread
+#   (87,616 tokens: 1085.8 / 1134.6 us against 1115.8 / 1115.8).
+# tools/qkv_power.py (back to back at 87,616 tokens, no flush) found every GEMM here at
+# the H200's 700 W cap (676-693 W, SM clock 1380-1485 of 1980 MHz); in clock cycles a
+# call, this default with the rotation compiled out is level with cuBLAS (0.99x), QuACK's
+# plain GEMM takes 0.86x, and with the rotation ours takes 1.14x QuACK's RoPE epilogue.
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
 # the producer warp group exists, no spills) and never launched on a GPU: the first of
@@ -1562,18 +1422,15 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         bm, bk = config.block_m, config.block_k
-        w_rows = config.block_n_main // (2 if config.warp_specialize else 1)
+        w_rows = config.block_n // (2 if config.warp_specialize else 1)
         x_arg = TensorDescriptor.from_tensor(x, [bm, bk])
         w_arg = TensorDescriptor.from_tensor(permuted.weight, [w_rows, bk])
-        w_tail_arg = (TensorDescriptor.from_tensor(permuted.weight, [config.block_n_tail, bk])
-                      if config.block_n_tail else w_arg)
         box = ([bm, config.store_columns] if config.flat_pairs
                else [bm, store_heads, config.store_columns])
         out_arg = (out_heads if config.warp_specialize
                    else TensorDescriptor.from_tensor(out_heads, box))
     else:
         x_arg, w_arg, out_arg = x, permuted.weight, out_heads
-        w_tail_arg = w_arg
 
     num_tiles = triton.cdiv(tokens, config.block_m) * permuted.head_blocks * permuted.pair_blocks
     angles = coords is not None
@@ -1581,23 +1438,20 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
     fast = not triton_interpreter_enabled() and torch.version.hip is None
     angles_mode = (ANGLES_FAST if fast else ANGLES_PRECISE) if angles else ANGLES_TABLE
     table = freqs if angles else cos  # fp32 stand-ins for the inputs a variant does not read
-    args = (x_arg, w_arg, w_tail_arg, out_arg,
+    args = (x_arg, w_arg, out_arg,
             permuted.bias if permuted.bias is not None else table,
             table if angles else cos, table if angles else sin,
             coords if angles else table, table if not angles else freqs,
             tokens)
     interleaved = config.flat_pairs and not angles and interleaved_cos_sin(cos, sin)
     # the flat epilogue's cos/sin vectors: runs of n % head_dim inside a store's columns
-    cs_vec = (cos_sin_vector(cos, sin, head_dim, config.rotate_columns or config.store_columns)
-              if interleaved else 1)
+    cs_vec = cos_sin_vector(cos, sin, head_dim, config.store_columns) if interleaved else 1
     strides = (x.stride(0), permuted.weight.stride(0), out_heads.stride(0),
                0 if config.flat_pairs else out_heads.stride(1),
                0 if angles else cos.stride(0) // cs_vec, 0 if angles else cos.stride(1),
                0 if angles else sin.stride(0), 0 if angles else sin.stride(1))
     meta = dict(HIDDEN=hidden, HEADS=heads, HEAD_DIM=head_dim, HEAD_BLOCKS=permuted.head_blocks,
-                PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m,
-                BLOCK_N=config.block_n_main, BLOCK_N_TAIL=config.block_n_tail,
-                ROTATE_COLS=config.rotate_columns,
+                PAIR_BLOCKS=permuted.pair_blocks, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HEADS_PER_TILE=config.heads_per_tile,
                 GROUP_M=config.group_m, HAS_BIAS=permuted.bias is not None, ROTATE=rotate,
                 ANGLES=angles_mode, USE_TMA=use_tma,
@@ -1609,10 +1463,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, permuted, out, *, cos, sin
                 num_stages=config.num_stages)
     if config.warp_specialize:
         del meta["EPILOGUE_SUBTILE"], meta["FLAT"], meta["INTERLEAVED"], meta["CS_VEC"]
-        del meta["BLOCK_N_TAIL"], meta["ROTATE_COLS"]
         programs = min(num_tiles, _num_sms(x.device))
-        ws_args = args[:2] + args[3:]  # no tail accumulator: no w_tail
-        _qkv_rope_kernel_ws[(programs,)](*ws_args, programs, *strides, **meta)
+        _qkv_rope_kernel_ws[(programs,)](*args, programs, *strides, **meta)
     elif config.persistent:
         programs = min(num_tiles, config.programs_per_sm * _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
