@@ -1097,6 +1097,11 @@ QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
 # the H200's 700 W cap (676-693 W, SM clock 1380-1485 of 1980 MHz); in clock cycles a
 # call, this default with the rotation compiled out is level with cuBLAS (0.99x), QuACK's
 # plain GEMM takes 0.86x, and with the rotation ours takes 1.14x QuACK's RoPE epilogue.
+# QuACK's recipe (128x192 tiles in pingpong, W multicast over a 2x1 cluster) is not
+# expressible in Triton 3.6: tl.range's warp_specialize is Blackwell-only, and Gluon,
+# which has Hopper warp specialization, takes power-of-two tensor shapes only ("Shape
+# element 1 must be a power of 2" for a 128x192 wgmma accumulator, sm_90 compile) and its
+# Hopper TMA copy has no multicast.
 
 # The warp-specialized kernel's configs, compiled for sm_90 (tests/test_qkv_gemm.py:
 # the producer warp group exists, no spills) and never launched on a GPU: the first of
