@@ -12,8 +12,10 @@ back to back (no L2 flush: the steady state a long kernel reaches) for ``--secon
 while ``nvidia-smi`` samples the SM clock and power every 50 ms; a sample counts for
 the variant whose loop was running when it arrived, after a 0.3 s ramp. Prints, per
 variant: us per call, median SM clock [p20, p80], median power, samples. Where $OUT is
-set, writes the rows to ``qkv_power.csv`` there. Exploration only: nothing in the
-study reads it.
+set, writes the rows to ``qkv_power.csv`` there, with provenance; on a node whose copy
+of the tree has no or other git metadata, set ROPE_STUDY_COMMIT to the commit (else the
+rows name whatever HEAD that metadata holds, marked -dirty). Exploration only: nothing
+in the study reads it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ from the table), as ``qkv_rope_linear_angles`` (angles computed in-kernel) and a
 out: the mainloop's share). Every call's output is checked against float64 once
 (``matches_float64``); a config that fails prints one line and the sweep goes on.
 Prints a table (config, us, ratio to cuBLAS, ratio to cuBLAS + fused RoPE) and, where
-``$OUT`` is set (or ``--csv`` given), writes every row to ``qkv_sweep.csv`` there.
+``$OUT`` is set (or ``--csv`` given), writes every row to ``qkv_sweep.csv`` there, with
+provenance (set ROPE_STUDY_COMMIT on a node whose copy of the tree has no or other git
+metadata: the H200's copy recorded a stale HEAD, marked -dirty).
 Exploration only: the study's rows come from notebook 05_qkv_gemm. No warp-specialized
 config is timed: one hung on an H200 (see ``QKVGemmConfig.warp_specialize``).
 """
