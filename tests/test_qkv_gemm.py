@@ -643,6 +643,14 @@ def test_qkv_power_tool_parses_samples_and_keeps_each_to_its_window():
         tool.parse_args(["--seconds", "0.2"])
 
 
+@pytest.mark.parametrize("spec", ["999", "1,x"])
+def test_qkv_power_tool_refuses_bad_configs_before_any_gpu_work(spec, capsys):
+    """--configs means what tools/qkv_sweep.py's does (indices into QKV_SWEEP_CONFIGS);
+    a bad one is a one-line error and exit status 2, on a machine with or without a GPU."""
+    assert _tool("qkv_power").main(["--configs", spec]) == 2
+    assert "--configs" in capsys.readouterr().err
+
+
 def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
     """tools/qkv_sweep.py's loop on the CPU (tiny shape, eager): baselines, then each
     config rotated (table and angles) and with the rotation compiled out, all checked

@@ -84,13 +84,21 @@ def main(argv=None) -> int:
     import torch
 
     from rope_kernels.bench import qkv_bench as qb
-    from rope_kernels.kernels.qkv_gemm import NVIDIA_QKV_CONFIG, QKV_SWEEP_CONFIGS
+    from rope_kernels.kernels.qkv_gemm import NVIDIA_QKV_CONFIG, QKV_SWEEP_CONFIGS, with_layout
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from qkv_sweep import pick_configs  # the sweep's own --configs, so an index means the same
+
+    try:
+        configs = pick_configs(args.configs, QKV_SWEEP_CONFIGS) if args.configs else [
+            NVIDIA_QKV_CONFIG]
+    except ValueError as e:
+        print(f"qkv_power: {e}", file=sys.stderr)
+        return 2
+    configs = [with_layout(c, HEADS, HEAD_DIM) for c in configs]  # as tools/qkv_sweep.py times them
     if not torch.cuda.is_available():
         print("qkv_power: needs a CUDA GPU", file=sys.stderr)
         return 2
-    configs = ([QKV_SWEEP_CONFIGS[int(i)] for i in args.configs.split(",")] if args.configs
-               else [NVIDIA_QKV_CONFIG])
     a = qb.make_args(args.tokens, HIDDEN, HEADS, HEAD_DIM, torch.device("cuda"), seed=0)
     variants = [("cublas_linear", lambda: torch.nn.functional.linear(a["x"], a["w"], a["b"]))]
     for c in configs:

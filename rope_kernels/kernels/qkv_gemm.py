@@ -1087,8 +1087,9 @@ QKV_SWEEP_CONFIGS = tuple(dict.fromkeys(QKV_CANDIDATE_CONFIGS + (
 #   QuACK's fastest configs; a third fewer x reads from L2; commit f7b8d4d): with the
 #   rotation compiled out 1.37-1.68x cuBLAS at 87,616 and 21,904 tokens (one warp group,
 #   BLOCK_K 32, two programs per SM: 255 registers, 1.40-1.47x; 256x192 on two warp
-#   groups: 1.37x) against this default's 1.10-1.13x in the same run: the tile's two
-#   dependent wgmma chains and the lost epilogue overlap cost more than the L2 bytes saved.
+#   groups: 1.37x) against this default's 1.10-1.13x in the same run (a reading, not
+#   profiled: the second accumulator's wgmma reads the x tile from shared memory again,
+#   and one program per SM leaves the epilogue unhidden).
 # - Stores in quarters rotated in eighths (``rotation_parts``, commit d09e92f): the
 #   quarters' faster stores (rotation compiled out 5-9% under eighths) did not survive the
 #   rotation: with the angles level with this default within the two sweeps' spread
