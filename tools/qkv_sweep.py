@@ -42,6 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"only QKV_CANDIDATE_CONFIGS, only {QUICK_TOKENS} tokens")
     p.add_argument("--tokens", type=int, nargs="+", help="token counts (overrides --quick)")
     p.add_argument("--configs", help="comma-separated indices into QKV_SWEEP_CONFIGS")
+    p.add_argument("--quack", action="store_true",
+                   help="QuACK's plain GEMM and its RoPE epilogue (its best SM90 config) too")
+    p.add_argument("--cute", help="our CuTe DSL kernel (qkv_cute) at these configs, each "
+                   "tile_n x cluster_m, comma-separated (e.g. 192x2,160x2)")
     p.add_argument("--samples", type=int, default=10, help="timed CUDA-graph replays per row")
     p.add_argument("--csv", type=Path, help="where to write the rows (default $OUT/qkv_sweep.csv)")
     args = p.parse_args(argv)
@@ -71,12 +75,13 @@ BASELINES = ("cublas_linear", "cublas_linear+fused_rope")
 
 def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEADS,
               head_dim: int = HEAD_DIM, samples: int = 10, mode: str = "cudagraph", log=print,
-              on_row=None):
+              on_row=None, extra=()):
     """One row per (tokens, variant, config): the baselines, then each config with the
     rotation and with it compiled out, each checked against float64 once and timed
     (``qkv_bench.measure_variant``). A failing or wrong config is logged in one line
     and kept as a row (``note`` / ``matches_float64``); the sweep goes on.
-    ``on_row(row)`` sees each row as it is measured (progress, partial results)."""
+    ``on_row(row)`` sees each row as it is measured (progress, partial results);
+    ``extra``: more (variant, config label, fn(args)) to time after the baselines."""
     import pandas as pd
     import torch
 
@@ -91,6 +96,7 @@ def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEA
                      a["x"], a["w"], a["b"]).view(a["x"].shape[0], 3, heads, head_dim)),
                 ("cublas_linear+fused_rope", "", lambda a: qb.linear_then_fused_rope(
                      a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim))]
+        runs += list(extra)
         for c in configs:
             for name in ("qkv_rope_linear", "qkv_rope_linear_angles",
                          "qkv_gemm_rotation_compiled_out"):
@@ -164,6 +170,29 @@ def main(argv=None) -> int:
         print(f"qkv_sweep: {e}", file=sys.stderr)
         return 2
     configs = [with_layout(c, HEADS, HEAD_DIM) for c in configs]
+    extra = []
+    from rope_kernels.bench import qkv_bench as qb
+    if args.quack:
+        from rope_kernels.peers import quack_gemm as quack
+        ok, why = quack.availability()
+        if not ok:
+            print(f"qkv_sweep: QuACK not available: {why}", file=sys.stderr)
+            return 2
+        for name, cfg in (("quack_gemm", "quack_default"),
+                          ("quack_gemm_rope", "128x160_c2x1_pingpong")):
+            extra.append((name, cfg, qb.quack_call(name, cfg, HEADS, HEAD_DIM)))
+    if args.cute:
+        from rope_kernels.kernels.qkv_cute import CuteQKVConfig
+        try:
+            cute_cfgs = [CuteQKVConfig(tile_n=int(n), cluster_m=int(m)) for n, m in
+                         (spec.split("x") for spec in args.cute.split(","))]
+        except (ValueError, TypeError) as e:
+            print(f"qkv_sweep: --cute {args.cute!r}: {e}", file=sys.stderr)
+            return 2
+        for c in cute_cfgs:
+            label = f"cute {c.tile_n}x{c.cluster_m}"
+            for name in ("qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out"):
+                extra.append((name, label, qb.cute_call(name, c, HEADS, HEAD_DIM)))
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
     print(f"{torch.cuda.get_device_name()}; {len(configs)} configs x 2 kernels x "
           f"{len(tokens)} token counts; samples={args.samples}", flush=True)
@@ -175,7 +204,7 @@ def main(argv=None) -> int:
               f"({row['seconds']:.0f} s)", flush=True)
 
     df = run_sweep(tokens, configs, device=torch.device("cuda"), samples=args.samples,
-                   log=lambda line: print(line, flush=True), on_row=progress)
+                   log=lambda line: print(line, flush=True), on_row=progress, extra=extra)
     pd.set_option("display.width", 250)
     print("\n" + format_tables(df))
     print(f"\nsweep took {time.perf_counter() - start:.0f} s", flush=True)

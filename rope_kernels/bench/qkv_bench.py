@@ -59,7 +59,8 @@ QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotu
                 "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out",
                 "quack_gemm", "quack_gemm_rope")
 # Variants whose output is x W^T + b, q and k not rotated (judged against that).
-UNROTATED = ("cublas_linear", "qkv_gemm_rotation_compiled_out", "quack_gemm")
+UNROTATED = ("cublas_linear", "qkv_gemm_rotation_compiled_out", "quack_gemm",
+             "qkv_cute_rotation_compiled_out")
 # Variants timed at our best config of the run, our swept kernels (each at its own
 # fastest candidate), and every variant swept over configs.
 AT_OUR_BEST = ("qkv_gemm_rotation_compiled_out",)
@@ -148,6 +149,24 @@ def quack_call(name: str, config: str, heads: int, head_dim: int):
             a["quack"] = quack.kimi_mrope_operands(heads, head_dim, a["coords"], a["freqs"],
                                                    a["b"])
         return quack.quack_gemm_rope(a["x"], a["w"], a["b"], heads, a["quack"], config=config)
+    return call
+
+
+def cute_call(name: str, config, heads: int, head_dim: int):
+    """fn(args) of our CuTe DSL kernel (``qkv_cute``) at ``config`` (a ``CuteQKVConfig``;
+    ``qkv_cute_rotation_compiled_out``: the same config with the rotation compiled out);
+    its per-pair table built once per arg set, outside any timing."""
+    from dataclasses import replace
+
+    from rope_kernels.kernels import qkv_cute
+    if name == "qkv_cute_rotation_compiled_out":
+        config = replace(config, rotate=False)
+
+    def call(a):
+        if "cute_table" not in a:
+            a["cute_table"] = qkv_cute.rope_pair_table(heads, head_dim, a["freqs"], a["b"])
+        return qkv_cute.qkv_rope_linear_cute(a["x"], a["w"], a["cute_table"], a["coords"],
+                                             heads=heads, head_dim=head_dim, config=config)
     return call
 
 

@@ -1,0 +1,163 @@
+"""Our CuTe DSL QKV GEMM with Kimi's RoPE in the epilogue (kernels/qkv_cute.py).
+
+CPU tier: the per-pair table against Kimi's own angles (``vision_freqs_cis``), the
+config's and the launcher's checks. Where CuTe DSL is installed: the kernel compiled for
+sm_90a on the CPU (no GPU needed), every config the study times. GPU tier (sm_90 with
+CuTe DSL): the kernel against float64, at token counts that leave a partial M tile,
+with and without bias, rotation in and compiled out.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # CuTe DSL reads its target once, when first imported: without a GPU, name Hopper
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from rope_kernels import vision_freqs_cis  # noqa: E402
+from rope_kernels.kernels import qkv_cute
+from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
+from rope_kernels.kernels.qkv_cute import CuteQKVConfig, rope_pair_table
+
+HEADS, HEAD_DIM = 4, 72
+GRIDS = [(1, 5, 7), (1, 3, 4)]
+
+
+def test_table_turns_match_kimis_angles():
+    """row * t[:, 0] + column * t[:, 1] (in turns) is Kimi's angle of every q/k pair, and 0
+    on v's pairs; columns 2 and 3 are the bias of the pair's two columns."""
+    freqs = vision_rope_frequencies(HEAD_DIM)
+    bias = torch.randn(3 * HEADS * HEAD_DIM)
+    table = rope_pair_table(HEADS, HEAD_DIM, freqs, bias).double()
+    coords = vision_patch_coords(GRIDS).double()
+    turns = coords[:, :1] * table[:, 0] + coords[:, 1:] * table[:, 1]   # (T, 3*H*D/2)
+    angles = (2 * math.pi * turns).view(-1, 3, HEADS, HEAD_DIM // 2)
+    kimi = torch.angle(vision_freqs_cis(GRIDS, HEAD_DIM)).double()     # (T, D/2) in (-pi, pi]
+    for part in (0, 1):
+        for h in range(HEADS):
+            diff = torch.remainder(angles[:, part, h] - kimi + math.pi, 2 * math.pi) - math.pi
+            assert diff.abs().max() < 1e-5
+    assert angles[:, 2].abs().max() == 0
+    assert torch.equal(table[:, 2:].reshape(-1).float(), bias)
+
+
+def test_table_without_bias_is_zero_there():
+    table = rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), None)
+    assert table.shape == (3 * HEADS * HEAD_DIM // 2, 4) and table.dtype == torch.float32
+    assert table[:, 2:].abs().max() == 0
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"tile_n": 100}, ValueError), ({"tile_n": 512}, ValueError), ({"tile_n": 1.5}, TypeError),
+    ({"cluster_m": 4}, ValueError), ({"epi_n": 48}, ValueError),
+    ({"tile_n": 144, "epi_n": 32}, ValueError), ({"stages": 1}, ValueError),
+    ({"rotate": 1}, TypeError), ({"cluster_m": True}, TypeError),
+])
+def test_config_rejects(kwargs, error):
+    with pytest.raises(error):
+        CuteQKVConfig(**kwargs)
+
+
+def test_config_stages_fit_shared_memory():
+    assert CuteQKVConfig().ab_stages() == 5           # 40 KB a stage at 128x192
+    assert CuteQKVConfig(tile_n=128).ab_stages() == 6
+    with pytest.raises(ValueError, match="does not fit"):
+        CuteQKVConfig(stages=8).ab_stages()
+
+
+def test_table_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="head_dim"):
+        rope_pair_table(HEADS, 70, torch.ones(17), None)
+    with pytest.raises(ValueError, match="freqs"):
+        rope_pair_table(HEADS, HEAD_DIM, torch.ones(17), None)
+
+
+def _cpu_args(tokens=10, hidden=64):
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+    w = torch.randn(3 * HEADS * HEAD_DIM, hidden, dtype=torch.bfloat16)
+    table = rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), None)
+    coords = torch.zeros(tokens, 2, dtype=torch.int32)
+    return x, w, table, coords
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"x": "float32"}, TypeError, "bf16/fp16"),
+    ({"coords": "int64"}, ValueError, "coords"),
+    ({"table": "short"}, ValueError, "table"),
+    ({"w": "wide"}, ValueError, "w_qkv"),
+    ({"config": "str"}, TypeError, "CuteQKVConfig"),
+])
+def test_launcher_rejects_bad_input(change, error, match):
+    x, w, table, coords = _cpu_args()
+    kw = {"heads": HEADS, "head_dim": HEAD_DIM}
+    if change.get("x"):
+        x = x.float()
+    if change.get("coords"):
+        coords = coords.long()
+    if change.get("table"):
+        table = table[:-1]
+    if change.get("w"):
+        w = torch.randn(w.shape[0], w.shape[1] + 8, dtype=w.dtype)
+    if change.get("config"):
+        kw["config"] = "192x2"
+    with pytest.raises(error, match=match):
+        qkv_cute.qkv_rope_linear_cute(x, w, table, coords, **kw)
+
+
+def test_launcher_rejects_cpu_tensors():
+    x, w, table, coords = _cpu_args()
+    with pytest.raises(ValueError, match="sm_90"):
+        qkv_cute.qkv_rope_linear_cute(x, w, table, coords, heads=HEADS, head_dim=HEAD_DIM)
+
+
+# -- compiled for sm_90a on the CPU (CuTe DSL installed; no GPU needed) -------------------
+
+needs_cute = pytest.mark.skipif(not qkv_cute.available(), reason="nvidia-cutlass-dsl not installed")
+
+
+@needs_cute
+@pytest.mark.parametrize("cfg", [CuteQKVConfig(), CuteQKVConfig(rotate=False),
+                                 CuteQKVConfig(tile_n=160), CuteQKVConfig(cluster_m=1)],
+                         ids=lambda c: f"{c.tile_n}x{c.cluster_m}{'' if c.rotate else '-norot'}")
+def test_compiles_for_sm90(cfg):
+    if torch.cuda.is_available():
+        pytest.skip("compiled by the GPU tests here")
+    tokens, hidden, heads, head_dim = 300, 1152, 16, 72
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
+    w = torch.randn(3 * heads * head_dim, hidden, dtype=torch.bfloat16)
+    out = torch.empty(tokens, 3 * heads * head_dim, dtype=torch.bfloat16)
+    table = rope_pair_table(heads, head_dim, vision_rope_frequencies(head_dim), None)
+    coords = torch.zeros(tokens, 2, dtype=torch.int32)
+    fn = qkv_cute.compile_kernel(cfg, x, w, out, table, coords, 2 * heads * head_dim, True,
+                                 132 // cfg.cluster_m)
+    assert fn is not None
+
+
+# -- GPU: against float64 ------------------------------------------------------------------
+
+def _on_hopper() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+            and qkv_cute.available())
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl")
+@pytest.mark.parametrize("tokens", [1, 127, 1000, 5476])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("cfg", [CuteQKVConfig(), CuteQKVConfig(rotate=False),
+                                 CuteQKVConfig(tile_n=160, cluster_m=1)],
+                         ids=lambda c: f"{c.tile_n}x{c.cluster_m}{'' if c.rotate else '-norot'}")
+def test_matches_float64_on_gpu(tokens, bias, cfg):
+    from rope_kernels.bench import qkv_bench as qb
+    hidden, heads, head_dim = 1152, 16, 72
+    a = qb.make_args(tokens, hidden, heads, head_dim, "cuda", seed=tokens)
+    if not bias:
+        a["b"] = torch.zeros_like(a["b"])
+    refs = qb.references(a, heads, head_dim)
+    name = "qkv_rope_linear_cute" if cfg.rotate else "qkv_cute_rotation_compiled_out"
+    out = qb.cute_call(name, cfg, heads, head_dim)(a)
+    (reference, native), scale = refs[not cfg.rotate], refs[2]
+    checked = qb._error(out, reference, native, scale)
+    assert checked["matches_float64"], checked
