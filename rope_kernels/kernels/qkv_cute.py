@@ -44,6 +44,7 @@ class CuteQKVConfig:
     epi_n: int = 32         # columns of one epilogue store subtile
     stages: int = 0         # shared-memory stages of (x, W) k-tiles; 0: as many as fit
     rotate: bool = True     # False: rotation compiled out (benchmarks only)
+    consumers: int = 2      # consumer warp groups taking turns (2: ping-pong; 1: one)
 
     def __post_init__(self):
         for name in ("tile_n", "cluster_m", "epi_n", "stages"):
@@ -61,6 +62,8 @@ class CuteQKVConfig:
         if self.stages < 0 or self.stages == 1:
             raise ValueError(f"CuteQKVConfig.stages must be 0 (as many as fit) or >= 2, "
                              f"got {self.stages}")
+        if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
+            raise ValueError(f"CuteQKVConfig.consumers must be 1 or 2, got {self.consumers!r}")
         if not isinstance(self.rotate, bool):
             raise TypeError("CuteQKVConfig.rotate must be a bool")
 
@@ -154,6 +157,7 @@ def _kernel_class():
             self.rotate = cfg.rotate
             self.ab_stages = cfg.ab_stages(elem_bytes)
             self.epi_tile = (64, cfg.epi_n)
+            self.consumers = cfg.consumers
             self.threads = 3 * 128  # producer warp group + two consumer warp groups
 
         @cute.jit
@@ -265,7 +269,7 @@ def _kernel_class():
                 if warp == 0:
                     self.produce(ring, tma_x, tma_w, x_s, x_g, w_s, w_g, w_mask, k_tiles,
                                  sched_params)
-            else:
+            elif group <= self.consumers:
                 cute.arch.warpgroup_reg_alloc(232)
                 self.consume(group - 1, tidx - 128 * group, ring, tiled_mma, sX, sW, sOut,
                              tma_out, tOut, mTab, mCoords, k_tiles, sched_params)
@@ -330,9 +334,11 @@ def _kernel_class():
                 sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
             read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                 self.ab_stages)
-            if me == 1:
-                sched.advance_to_next_work()
-                read.advance(k_tiles)
+            groups = self.consumers
+            if cutlass.const_expr(groups > 1):
+                # group 1 starts at the CTA's second tile and its first k-tile
+                sched.advance_to_next_work(advance_count=me)
+                read.advance(k_tiles * me)
             release = read.clone()
             work = sched.get_current_work()
             subtiles = 0
@@ -356,9 +362,10 @@ def _kernel_class():
                 cute.nvgpu.warpgroup.wait_group(0)
                 ring.consumer_release(release)
                 release.advance()
-                # the other group's tile: its k-tiles are not ours
-                read.advance(k_tiles)
-                release.advance(k_tiles)
+                if cutlass.const_expr(groups > 1):
+                    # the other group's tile: its k-tiles are not ours
+                    read.advance(k_tiles)
+                    release.advance(k_tiles)
 
                 m0 = m_t * TILE_M
                 n0 = n_t * self.tile_n
@@ -384,7 +391,7 @@ def _kernel_class():
                         stores.producer_acquire()
                     bar.arrive_and_wait()
                 subtiles += n_subs
-                sched.advance_to_next_work(advance_count=2)
+                sched.advance_to_next_work(advance_count=groups)
                 work = sched.get_current_work()
             if store_warp:
                 stores.producer_tail()
