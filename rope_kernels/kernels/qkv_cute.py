@@ -197,6 +197,7 @@ def _kernel_class():
             @cute.struct
             class Storage:
                 bars: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+                turns: cute.struct.MemRange[cutlass.Int64, 2]  # consumer groups' mainloop turns
                 sX: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(a_layout)], 1024]
                 sW: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(b_layout)], 1024]
                 sOut: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(epi_layout)],
@@ -239,6 +240,11 @@ def _kernel_class():
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                          4 * self.cluster_shape[0]),
                 tx_count=stage_bytes, cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)))
+            turns = st.turns.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(turns, 128)
+                cute.arch.mbarrier_init(turns + 1, 128)
+            cute.arch.mbarrier_init_fence()
             if cute.size(self.cluster_shape) > 1:
                 cute.arch.cluster_arrive_relaxed()
 
@@ -271,8 +277,8 @@ def _kernel_class():
                                  sched_params)
             elif group <= self.consumers:
                 cute.arch.warpgroup_reg_alloc(232)
-                self.consume(group - 1, tidx - 128 * group, ring, tiled_mma, sX, sW, sOut,
-                             tma_out, tOut, mTab, mCoords, k_tiles, sched_params)
+                self.consume(group - 1, tidx - 128 * group, ring, turns, tiled_mma, sX, sW,
+                             sOut, tma_out, tOut, mTab, mCoords, k_tiles, sched_params)
 
         @cute.jit
         def produce(self, ring, tma_x, tma_w, x_s, x_g, w_s, w_g, w_mask, k_tiles,
@@ -299,10 +305,15 @@ def _kernel_class():
             ring.producer_tail(state)
 
         @cute.jit
-        def consume(self, me, t, ring, tiled_mma, sX, sW, sOut, tma_out, tOut, mTab,
+        def consume(self, me, t, ring, turns, tiled_mma, sX, sW, sOut, tma_out, tOut, mTab,
                     mCoords, k_tiles, sched_params):
             """Consumer warp group ``me`` (0/1), thread ``t`` in it: tiles me, me+2, ...
-            of the CTA's sequence; mainloop, then the epilogue under the other group's."""
+            of the CTA's sequence; mainloop, then the epilogue under the other group's.
+            The two groups' mainloops take turns (mbarriers ``turns``: a group starts its
+            mainloop once the other has waited for all of its k-tiles). This is needed
+            for correctness, not only speed: a stage's full barrier is waited on by its
+            phase parity, which tells one phase from the next only; without the turns
+            group 1 would wait for a fill several phases ahead and pass at once."""
             thr_mma = tiled_mma.get_slice(t)
             frag_x = tiled_mma.make_fragment_A(thr_mma.partition_A(sX))
             frag_w = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
@@ -342,8 +353,12 @@ def _kernel_class():
             release = read.clone()
             work = sched.get_current_work()
             subtiles = 0
+            turn_phase = Int32(me == 0)  # group 0's first turn is given
             while work.is_valid_tile:
                 m_t, n_t, _ = work.tile_idx
+                if cutlass.const_expr(groups > 1):
+                    cute.arch.mbarrier_wait(turns + me, turn_phase)
+                    turn_phase ^= 1
                 # mainloop: one WGMMA batch in flight, its stage released a k-tile later
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -359,6 +374,8 @@ def _kernel_class():
                         ring.consumer_release(release)
                         release.advance()
                     read.advance()
+                if cutlass.const_expr(groups > 1):
+                    cute.arch.mbarrier_arrive(turns + (1 - me))  # the other group's turn
                 cute.nvgpu.warpgroup.wait_group(0)
                 ring.consumer_release(release)
                 release.advance()
