@@ -161,3 +161,13 @@ def test_matches_float64_on_gpu(tokens, bias, cfg):
     (reference, native), scale = refs[not cfg.rotate], refs[2]
     checked = qb._error(out, reference, native, scale)
     assert checked["matches_float64"], checked
+
+
+def test_config_parse_and_label():
+    c = CuteQKVConfig.parse("128x1/e64/s4/c1/m")
+    assert (c.tile_n, c.cluster_m, c.epi_n, c.stages, c.consumers, c.raster_m) == (128, 1, 64, 4, 1, True)
+    assert CuteQKVConfig.parse(c.label) == c
+    assert CuteQKVConfig.parse("192x2") == CuteQKVConfig() and CuteQKVConfig().label == "192x2"
+    for bad in ("192", "192x2/q", "axb", "192x3"):
+        with pytest.raises(ValueError):
+            CuteQKVConfig.parse(bad)

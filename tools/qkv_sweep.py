@@ -44,8 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--configs", help="comma-separated indices into QKV_SWEEP_CONFIGS")
     p.add_argument("--quack", action="store_true",
                    help="QuACK's plain GEMM and its RoPE epilogue (its best SM90 config) too")
-    p.add_argument("--cute", help="our CuTe DSL kernel (qkv_cute) at these configs, each "
-                   "tile_n x cluster_m, comma-separated (e.g. 192x2,160x2)")
+    p.add_argument("--cute", help="our CuTe DSL kernel (qkv_cute) at these configs, "
+                   "comma-separated CuteQKVConfig.parse specs (e.g. 192x2,160x1/e64/m)")
     p.add_argument("--samples", type=int, default=10, help="timed CUDA-graph replays per row")
     p.add_argument("--csv", type=Path, help="where to write the rows (default $OUT/qkv_sweep.csv)")
     args = p.parse_args(argv)
@@ -184,13 +184,12 @@ def main(argv=None) -> int:
     if args.cute:
         from rope_kernels.kernels.qkv_cute import CuteQKVConfig
         try:
-            cute_cfgs = [CuteQKVConfig(tile_n=int(n), cluster_m=int(m)) for n, m in
-                         (spec.split("x") for spec in args.cute.split(","))]
+            cute_cfgs = [CuteQKVConfig.parse(spec) for spec in args.cute.split(",")]
         except (ValueError, TypeError) as e:
             print(f"qkv_sweep: --cute {args.cute!r}: {e}", file=sys.stderr)
             return 2
         for c in cute_cfgs:
-            label = f"cute {c.tile_n}x{c.cluster_m}"
+            label = f"cute {c.label}"
             for name in ("qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out"):
                 extra.append((name, label, qb.cute_call(name, c, HEADS, HEAD_DIM)))
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)

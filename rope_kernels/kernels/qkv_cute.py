@@ -45,6 +45,35 @@ class CuteQKVConfig:
     stages: int = 0         # shared-memory stages of (x, W) k-tiles; 0: as many as fit
     rotate: bool = True     # False: rotation compiled out (benchmarks only)
     consumers: int = 2      # consumer warp groups taking turns (2: ping-pong; 1: one)
+    raster_m: bool = False  # tile order: False walks N first (a row block of x stays in L2
+                            # while every W tile passes), True walks M first
+
+    @classmethod
+    def parse(cls, spec: str) -> "CuteQKVConfig":
+        """``tile_n x cluster_m`` with optional ``/e<epi_n>``, ``/s<stages>``, ``/c1`` (one
+        consumer group), ``/m`` (raster along M): e.g. ``192x2``, ``160x1/e32/m``."""
+        head, *opts = spec.strip().split("/")
+        try:
+            n, m = (int(v) for v in head.split("x"))
+        except ValueError:
+            raise ValueError(f"CuTe config {spec!r}: expected tile_n x cluster_m, e.g. 192x2")
+        kw = {"tile_n": n, "cluster_m": m}
+        for o in opts:
+            if o == "m":
+                kw["raster_m"] = True
+            elif o[:1] in ("e", "s", "c") and o[1:].isdigit():
+                kw[{"e": "epi_n", "s": "stages", "c": "consumers"}[o[0]]] = int(o[1:])
+            else:
+                raise ValueError(f"CuTe config {spec!r}: unknown option {o!r}")
+        return cls(**kw)
+
+    @property
+    def label(self) -> str:
+        d = CuteQKVConfig()
+        opts = "".join(f"/{k}{getattr(self, n)}" for k, n in (("e", "epi_n"), ("s", "stages"),
+                                                                ("c", "consumers"))
+                       if getattr(self, n) != getattr(d, n))
+        return f"{self.tile_n}x{self.cluster_m}{opts}{'/m' if self.raster_m else ''}"
 
     def __post_init__(self):
         for name in ("tile_n", "cluster_m", "epi_n", "stages"):
@@ -64,8 +93,9 @@ class CuteQKVConfig:
                              f"got {self.stages}")
         if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
             raise ValueError(f"CuteQKVConfig.consumers must be 1 or 2, got {self.consumers!r}")
-        if not isinstance(self.rotate, bool):
-            raise TypeError("CuteQKVConfig.rotate must be a bool")
+        for name in ("rotate", "raster_m"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"CuteQKVConfig.{name} must be a bool")
 
     def ab_stages(self, elem_bytes: int = 2) -> int:
         """The (x, W) stages that fit beside the epilogue buffers (or ``stages``)."""
@@ -191,7 +221,7 @@ def _kernel_class():
             tiles = cute.zipped_divide(mOut, (TILE_M, self.tile_n))
             tiles_mn = tiles[(0, (None, None))].shape
             sched = utils.PersistentTileSchedulerParams(
-                (*tiles_mn, 1), (*self.cluster_shape, 1), 1, False)
+                (*tiles_mn, 1), (*self.cluster_shape, 1), 1, self.cfg.raster_m)
             grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_active_clusters)
 
             @cute.struct
