@@ -254,13 +254,16 @@ else:
 # Per round, how much faster each variant ran than another in the same round (median
 # [p20, p80] over rounds): the fused encoder against vLLM 0.33's in-place path
 # (`vllm_packed_qk`), SGLang's, and the merged PR path; `gemm_epilogue` (RoPE in the QKV
-# GEMM's epilogue) against the floor (RoPE skipped) and against fused, out of and in place.
+# GEMM's epilogue, our Triton kernel) and `gemm_epilogue_cute` (our CuTe DSL kernel, sm_90
+# only) against the floor (RoPE skipped) and against fused, out of and in place.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 pairs = [("fused", "vllm_packed_qk"), ("fused_inplace", "vllm_packed_qk"), ("fused", "sglang_vision"),
          ("fused", "vllm_merged"), ("fused", "native"), ("gemm_epilogue", "none"),
-         ("gemm_epilogue", "fused"), ("gemm_epilogue", "fused_inplace")]
+         ("gemm_epilogue", "fused"), ("gemm_epilogue", "fused_inplace"),
+         ("gemm_epilogue_cute", "none"), ("gemm_epilogue_cute", "fused"),
+         ("gemm_epilogue_cute", "fused_inplace")]
 gains = []
 for (res, n, mode), times in round_times.items():
     for a, b in pairs:
@@ -313,8 +316,9 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
 # `python -m rope_kernels targets` prints it for the committed data): at 16 x 1024x1024, in both
 # modes, the encoder with our RoPE faster than with vLLM 0.33's per round (p20 above zero, our
 # in-place kernel against its in-place one), at least 7% faster than native, RoPE's cost at most
-# 1.2x (notebook) and 1.1x (issue 17) its physical minimum, and `gemm_epilogue` faster than fused
-# and within 0.3% of the floor. A bucket this run did not time reads "not measured".
+# 1.2x (notebook) and 1.1x (issue 17) its physical minimum, and RoPE in the QKV GEMM (the faster
+# of `gemm_epilogue` and `gemm_epilogue_cute` by median) faster than fused and within 0.3% of the
+# floor. A bucket this run did not time reads "not measured".
 
 # %%
 from rope_kernels.study.targets import evaluate, summarize, targets_for

@@ -36,10 +36,14 @@ data_dir = ""  # where to upsert qkv_gemm.csv and qkv_gemm_sweep.csv; empty: do 
 # rope(linear(x)) (`compile_max_autotune`), this project's Triton GEMM rotating q/k in its
 # epilogue from the cos/sin table (`qkv_rope_linear`) or with angles computed in the kernel from
 # each token's patch coordinates (`qkv_rope_linear_angles`), the same kernel with the rotation
-# compiled out (`qkv_gemm_rotation_compiled_out`: its mainloop, q/k not rotated), and QuACK's
-# CuTe DSL GEMM with a bias epilogue (`quack_gemm`) and with Kimi's RoPE in its epilogue
-# (`quack_gemm_rope`), where QuACK is installed. Ours runs every candidate config
-# (`QKV_CANDIDATE_CONFIGS`), QuACK each of its configs; the main table shows each at its fastest
+# compiled out (`qkv_gemm_rotation_compiled_out`: its mainloop, q/k not rotated), this
+# project's CuTe DSL GEMM (`qkv_rope_linear_cute`, `kernels/qkv_cute.py`: a TMA producer warp
+# and two consumer warp groups in ping-pong, W multicast over a 2x1 cluster, angles in-kernel;
+# sm_90 GPUs with nvidia-cutlass-dsl only) and its rotation compiled out
+# (`qkv_cute_rotation_compiled_out`), and QuACK's CuTe DSL GEMM with a bias epilogue
+# (`quack_gemm`) and with Kimi's RoPE in its epilogue (`quack_gemm_rope`), where QuACK is
+# installed. Our Triton kernel runs every candidate config (`QKV_CANDIDATE_CONFIGS`), our CuTe
+# kernel each of `CUTE_CONFIGS`, QuACK each of its configs; the main table shows each at its fastest
 # config in this run (`config`), the sweep table all of them. Timed as CUDA-graph replays
 # (median, p20/p80 of `samples`). Every variant's output is checked against float64 next to the
 # native path's own error. Compute-bound: the roof is a large cuBLAS GEMM's rate.

@@ -22,9 +22,11 @@ KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
 # registry refuses to build when the two disagree), known without loading any peer.
 IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv")
 # The encoder also knows "none" (RoPE skipped: the floor), "gemm_epilogue" (q
-# and k rotated inside the QKV projection's epilogue, no RoPE step at all) and
-# "gemm_epilogue_quack" (the same in QuACK's GEMM; only where QuACK runs).
-ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_quack")
+# and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
+# step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs
+# with nvidia-cutlass-dsl only) and "gemm_epilogue_quack" (the same in QuACK's GEMM;
+# only where QuACK runs).
+ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_quack")
 # How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 ENCODERS = ("small", "kimi_k25")

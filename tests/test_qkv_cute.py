@@ -171,3 +171,37 @@ def test_config_parse_and_label():
     for bad in ("192", "192x2/q", "axb", "192x3"):
         with pytest.raises(ValueError):
             CuteQKVConfig.parse(bad)
+
+
+@pytest.mark.skipif(_on_hopper(), reason="runs here")
+def test_encoder_refuses_gemm_epilogue_cute_where_absent_saying_why():
+    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.model.vit import MoonViTEncoder, encoder_inputs, rope_variants
+    from rope_kernels.variants import encoder_only_absent
+
+    assert "gemm_epilogue_cute" not in rope_variants()
+    why = encoder_only_absent()["gemm_epilogue_cute"]
+    assert why == qkv_cute.availability()[1] and why
+    cfg = EncoderConfig.small()
+    model = MoonViTEncoder(cfg, dtype=torch.float32)
+    inp = encoder_inputs([(1, 4, 4)], cfg, dtype=torch.float32)
+    with pytest.raises(ValueError, match="gemm_epilogue_cute is not available here"):
+        model(inp.patches, inp.grids, rope="gemm_epilogue_cute", attention="sdpa_per_image")
+
+
+def test_rotating_projection_caches_the_table_until_the_weights_change(monkeypatch):
+    """The encoder's per-layer table is built once and rebuilt after an in-place change."""
+    calls = []
+    monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute",
+                        lambda h, w, table, coords, **kw: calls.append(table) or table)
+    lin = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
+    freqs = vision_rope_frequencies(HEAD_DIM)
+    coords = torch.zeros(2, 2, dtype=torch.int32)
+    h = torch.randn(2, 8)
+    t1 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
+    t2 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
+    assert t1 is t2
+    with torch.no_grad():
+        lin.bias.add_(1.0)
+    t3 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
+    assert t3 is not t1 and torch.allclose(t3[:, 2:], t1[:, 2:] + 1.0)

@@ -234,6 +234,23 @@ def test_encoder_floor_gap():
     assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["missed"]
 
 
+def test_gemm_epilogue_targets_take_the_faster_of_our_two_kernels():
+    """gemm_epilogue (Triton) and gemm_epilogue_cute (CuTe DSL): the one with the lower
+    median is judged, the other's rows change nothing; one alone is judged alone."""
+    rounds = {"fused": [100.0] * 5, "none": [98.0] * 5, "gemm_epilogue": [101.0] * 5,
+              "gemm_epilogue_cute": [99.0, 98.9, 99.1, 99.0, 98.8]}
+    medians = {"fused": 100.0, "none": 98.0, "gemm_epilogue": 101.0, "gemm_epilogue_cute": 99.0}
+    v = verdicts_of("gemm_epilogue_vs_fused", {"encoder": encoder(medians, rounds)})
+    cold = v[v["mode"] == "cudagraph"]
+    assert cold.ours.tolist() == ["gemm_epilogue_cute"] and cold.verdict.tolist() == ["met"]
+    del rounds["gemm_epilogue_cute"], medians["gemm_epilogue_cute"]
+    v = verdicts_of("gemm_epilogue_vs_fused", {"encoder": encoder(medians, rounds)})
+    cold = v[v["mode"] == "cudagraph"]
+    assert cold.ours.tolist() == ["gemm_epilogue"] and cold.verdict.tolist() == ["missed"]
+    v = verdicts_of("gemm_epilogue_vs_fused", {"encoder": encoder({"fused": 1.0}, {"fused": [1.0] * 5})})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["not measured"]
+
+
 def test_encoder_saving_by_medians_exact_boundary():
     v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.0})})
     assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["met"]

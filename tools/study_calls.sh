@@ -2,13 +2,15 @@
 # The whole GPU study from one commit in three device calls started back to back on one warm,
 # air-gapped machine (the lent H200's flow; /tmp lives only while the machine stays warm):
 #
-#   call A, carrying .carry/a .peers [.carry/s]:  bash tools/study_calls.sh A <commit>   # 04 03
+#   call A, carrying .carry/a .peers [.carry/s]:  bash tools/study_calls.sh A <commit>   # 03
 #   call B, carrying .carry/b .peers:             bash tools/study_calls.sh B <commit>   # 02
-#   call C, carrying .peers:                      bash tools/study_calls.sh C <commit>   # 01 05 06
+#   call C, carrying .peers:                      bash tools/study_calls.sh C <commit>   # 04 01 05 06
+#   call W (only if C's notebooks outlast it):    bash tools/study_calls.sh W <commit>
 #
 # A installs the notebook toolchain (and the wheels in .carry/s where carried) and stages
 # QuACK's bundle a (tools/device_setup.sh stage); B joins bundle b and installs QuACK
-# (device_setup.sh install), then runs notebook 02, which needs QuACK; C runs the rest. S is A
+# (device_setup.sh install), then runs notebook 02, which needs QuACK; C runs the rest (04 and
+# 05 time our CuTe DSL kernel, whose nvidia-cutlass-dsl comes with QuACK's bundle: after B). S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).
 # <commit> is `git rev-parse --short=12 HEAD` of the clean commit the tree is (every row
 # records it: ROPE_STUDY_COMMIT).
@@ -87,7 +89,7 @@ if [ $step = S ] || [ $step = A ]; then
   python3 -m rope_kernels peers status 2>&1 | grep -E "^[a-z_0-9]+ +(ran|absent)" | cut -c1-220 > $L/peers-$step.txt
   cut -c1-120 $L/peers-$step.txt
 fi
-case $step in S) nbs="";; A) nbs="04 03";; B) nbs="02";; C) nbs="01 05 06";; esac
+case $step in S) nbs="";; A) nbs="03";; B) nbs="02";; C) nbs="04 01 05 06";; esac
 [ -n "$nbs" ] || leave 0
 device=$(python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
 echo "$nbs (call $step)" > $JOB.running

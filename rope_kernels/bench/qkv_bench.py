@@ -16,6 +16,11 @@ Kimi-K2.5's projection, 1152 -> 3456 (16 heads x 72) in bf16, at 5,476 to
 - ``qkv_gemm_rotation_compiled_out``: the kernel with the rotation compiled out
   (benchmarks only; q/k NOT rotated), at the config of the faster of the two above:
   the mainloop's share;
+- ``qkv_rope_linear_cute``: our CuTe DSL kernel (``kernels/qkv_cute.py``: warp-specialized
+  ping-pong, W multicast over a 2x1 cluster, angles in-kernel), at the fastest of
+  ``CUTE_CONFIGS`` in this run; sm_90 GPUs with nvidia-cutlass-dsl only (elsewhere a row
+  says why it is absent); ``qkv_cute_rotation_compiled_out``: the same kernel and config
+  with the rotation compiled out;
 - ``quack_gemm`` / ``quack_gemm_rope``: QuACK's GEMM with a bias epilogue and with
   Kimi's RoPE in its epilogue (``peers/quack_gemm.py``), best of its configs;
   absent with the reason where QuACK is not installed.
@@ -52,11 +57,13 @@ from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKVGemmConfig,
                                            qkv_linear_rotation_compiled_out, qkv_rope_linear,
                                            qkv_rope_linear_angles, with_layout)
 from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference
+from rope_kernels.kernels import qkv_cute
 from rope_kernels.peers import quack_gemm as quack
 from rope_kernels.provenance import provenance
 
 QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune",
                 "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out",
+                "qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out",
                 "quack_gemm", "quack_gemm_rope")
 # Variants whose output is x W^T + b, q and k not rotated (judged against that).
 UNROTATED = ("cublas_linear", "qkv_gemm_rotation_compiled_out", "quack_gemm",
@@ -65,7 +72,8 @@ UNROTATED = ("cublas_linear", "qkv_gemm_rotation_compiled_out", "quack_gemm",
 # fastest candidate), and every variant swept over configs.
 AT_OUR_BEST = ("qkv_gemm_rotation_compiled_out",)
 OURS_SWEPT = ("qkv_rope_linear", "qkv_rope_linear_angles")
-SWEPT = OURS_SWEPT + ("quack_gemm", "quack_gemm_rope")
+CUTE = ("qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out")  # the second at the first's best
+SWEPT = OURS_SWEPT + ("qkv_rope_linear_cute", "quack_gemm", "quack_gemm_rope")
 TOKENS = (5476, 21904, 43808, 87616)  # 1, 4, 8, 16 images of 1024 x 1024 (74 x 74 patches)
 ERROR_FLOOR = 1e-6  # of the reference's largest magnitude, added to the tolerance
 
@@ -158,7 +166,6 @@ def cute_call(name: str, config, heads: int, head_dim: int):
     its per-pair table built once per arg set, outside any timing."""
     from dataclasses import replace
 
-    from rope_kernels.kernels import qkv_cute
     if name == "qkv_cute_rotation_compiled_out":
         config = replace(config, rotate=False)
 
@@ -275,6 +282,9 @@ def run_qkv_bench(
     unknown = sorted(set(variants) - set(QKV_VARIANTS))
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {QKV_VARIANTS}")
+    if "qkv_cute_rotation_compiled_out" in variants and "qkv_rope_linear_cute" not in variants:
+        raise ValueError("qkv_cute_rotation_compiled_out runs at qkv_rope_linear_cute's best "
+                         "config: include qkv_rope_linear_cute in variants")
     if set(AT_OUR_BEST) & set(variants) and not set(OURS_SWEPT) & set(variants):
         raise ValueError(f"{sorted(set(AT_OUR_BEST) & set(variants))} run at the best config of "
                          f"our kernels: include one of {OURS_SWEPT} in variants")
@@ -288,6 +298,10 @@ def run_qkv_bench(
     # QuACK's rows name its package, version and source hash, as every peer row does
     quack_columns = dict(zip(("peer_package", "peer_version", "peer_sha256"),
                              (quack.PACKAGE, *quack.source()))) if quack_ok else {}
+    cute_ok, cute_why = (qkv_cute.availability(device) if set(CUTE) & set(variants)
+                         else (False, ""))
+    # our CuTe kernel runs on the installed CuTe DSL: its rows name the version
+    cute_note = f"CuTe DSL: nvidia-cutlass-dsl {qkv_cute.cutlass_dsl_version()}" if cute_ok else ""
     rows, sweep_rows, compile_spent = [], [], 0.0
     compiled = None
     if "compile_max_autotune" in variants:
@@ -300,6 +314,8 @@ def run_qkv_bench(
         return measure_variant(name, fn, arg_sets, refs, mode=mode, samples=samples)
 
     def row_of(name, t, config, timing, note, checked):
+        if name in CUTE and cute_note and not note:
+            note = cute_note
         row = {"variant": name, "tokens": t, **shape, "config": config,
                "flops": gemm_flops(t, hidden, heads, head_dim), "note": note,
                "reference": "x W^T + b" if name in UNROTATED else "rope(x W^T + b)", **checked,
@@ -317,14 +333,20 @@ def run_qkv_bench(
         arg_sets = [make_args(t, hidden, heads, head_dim, device, seed=s) for s in range(2)]
         rotated, unrotated, scale = references(arg_sets[0], heads, head_dim)
         refs = (rotated, unrotated, scale)  # refs[True] = unrotated
-        best_ours = None
+        best_ours = best_cute = None
         for name in variants:
+            if name in CUTE and not cute_ok:
+                rows.append(row_of(name, t, "", None, f"absent: {cute_why}", {}))
+                continue
             if name in SWEPT:
                 if name.startswith("quack") and not quack_ok:
                     rows.append(row_of(name, t, "", None, f"absent: {quack_why}", {}))
                     continue
                 candidates = ([(c.label, ours(name, c, heads, head_dim), c) for c in ours_configs]
                               if name in OURS_SWEPT else
+                              [(c.label, cute_call(name, c, heads, head_dim), c)
+                               for c in qkv_cute.CUTE_CONFIGS]
+                              if name in CUTE else
                               [(quack.gemm_config(c, device)[1], quack_call(name, c, heads,
                                                                              head_dim), c)
                                for c in quack_configs])
@@ -341,6 +363,15 @@ def run_qkv_bench(
                 if name in OURS_SWEPT and (best_ours is None
                                            or best[1].median_us < best_ours[1]):
                     best_ours = (best[4], best[1].median_us)
+                if name in CUTE:
+                    best_cute = best[4]
+            elif name == "qkv_cute_rotation_compiled_out":
+                if best_cute is None:
+                    rows.append(row_of(name, t, "", None, "qkv_rope_linear_cute did not run", {}))
+                    continue
+                timing, note, checked, _ = measure(name, cute_call(name, best_cute, heads,
+                                                                   head_dim), arg_sets, refs)
+                rows.append(row_of(name, t, best_cute.label, timing, note, checked))
             elif name in AT_OUR_BEST:
                 if best_ours is None:
                     rows.append(row_of(name, t, "", None, "no config of our kernels ran", {}))

@@ -110,6 +110,13 @@ class CuteQKVConfig:
         return fit
 
 
+# The configs the study times (notebook 05 keeps the fastest of the run): the three
+# fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
+# 21,904-87,616 tokens: 192x2, 192x2 with 64-column stores and 160x2 within 1-4% of each
+# other; 128x2, 192x1, one consumer group and M-first order 2-50% slower).
+CUTE_CONFIGS = (CuteQKVConfig(), CuteQKVConfig(epi_n=64), CuteQKVConfig(tile_n=160))
+
+
 def available() -> bool:
     """Whether CuTe DSL imports here (the kernel itself also needs an sm_90 GPU)."""
     try:
@@ -118,6 +125,30 @@ def available() -> bool:
     except Exception:  # noqa: BLE001 - any import failure means "not here"
         return False
     return True
+
+
+def cutlass_dsl_version() -> str:
+    """The installed nvidia-cutlass-dsl's version ("" where it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("nvidia-cutlass-dsl")
+    except PackageNotFoundError:
+        return ""
+
+
+def availability(device=None) -> tuple[bool, str]:
+    """(runs here, why not): the kernel needs an sm_90 GPU and nvidia-cutlass-dsl."""
+    if not torch.cuda.is_available():
+        return False, "needs an NVIDIA sm_90 GPU (no CUDA device here)"
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda" or getattr(torch.version, "hip", None):
+        return False, "needs an NVIDIA sm_90 GPU"
+    major, minor = torch.cuda.get_device_capability(dev)
+    if major != 9:
+        return False, f"needs an NVIDIA sm_90 GPU (this one is sm_{major}{minor})"
+    if not available():
+        return False, "nvidia-cutlass-dsl (CuTe DSL) is not installed"
+    return True, ""
 
 
 def rope_pair_table(heads: int, head_dim: int, freqs: torch.Tensor,
@@ -135,16 +166,21 @@ def rope_pair_table(heads: int, head_dim: int, freqs: torch.Tensor,
         raise ValueError(f"freqs must have shape (head_dim/4,) = ({head_dim // 4},), "
                          f"got {tuple(freqs.shape)}")
     pairs = head_dim // 2
-    turns = freqs.detach().to(torch.float64).cpu() / (2 * math.pi)
-    j = torch.arange(pairs)
-    per_head = torch.zeros(pairs, 2, dtype=torch.float64)
-    per_head[j % 2 == 1, 0] = turns[j[j % 2 == 1] // 2]  # odd pairs: the patch row
-    per_head[j % 2 == 0, 1] = turns[j[j % 2 == 0] // 2]  # even pairs: the patch column
-    table = torch.zeros(3, heads, pairs, 4, dtype=torch.float64)
-    table[:2, :, :, :2] = per_head
+    dev = freqs.device
+    turns = freqs.detach().to(torch.float64) / (2 * math.pi)
+    j = torch.arange(pairs, device=dev)
+    zero = torch.zeros((), dtype=torch.float64, device=dev)
+    row = torch.where(j % 2 == 1, turns[j // 2], zero)  # odd pairs: the patch row
+    col = torch.where(j % 2 == 0, turns[j // 2], zero)  # even pairs: the patch column
+    table = torch.zeros(3, heads, pairs, 4, dtype=torch.float64, device=dev)
+    table[:2, :, :, 0] = row
+    table[:2, :, :, 1] = col
     if bias is not None:
-        table[..., 2:] = bias.detach().to(torch.float64).cpu().view(3, heads, pairs, 2)
-    return table.view(3 * heads * pairs, 4).to(torch.float32).to(freqs.device)
+        if tuple(bias.shape) != (3 * heads * head_dim,):
+            raise ValueError(f"bias must have shape (3*heads*head_dim,) = ({3 * heads * head_dim},), "
+                             f"got {tuple(bias.shape)}")
+        table[..., 2:] = bias.detach().to(device=dev, dtype=torch.float64).view(3, heads, pairs, 2)
+    return table.view(3 * heads * pairs, 4).to(torch.float32)
 
 
 _COMPILED: dict = {}
@@ -590,3 +626,22 @@ def _max_clusters(cluster_m: int) -> int:
         import cutlass.utils
         _COMPILED[key] = cutlass.utils.HardwareInfo().get_max_active_clusters(cluster_m)
     return _COMPILED[key]
+
+
+def rotating_qkv_projection_cute(linear: torch.nn.Linear, h: torch.Tensor, coords: torch.Tensor,
+                                 freqs: torch.Tensor, heads: int, head_dim: int, *,
+                                 config: CuteQKVConfig | None = None) -> torch.Tensor:
+    """``linear(h)`` as packed (T, 3, H, D) with q and k rotated, by ``qkv_rope_linear_cute``:
+    the encoder's ``gemm_epilogue_cute``. The per-pair table (frequencies and this layer's
+    bias) is built at the first call and kept on the module, as a model would at load;
+    it is rebuilt when the weight or bias is replaced or changed in place."""
+    bias = linear.bias
+    key = (linear.weight.data_ptr(), linear.weight._version,
+           None if bias is None else (bias.data_ptr(), bias._version),
+           freqs.data_ptr(), freqs._version, heads, head_dim)
+    cached = getattr(linear, "_rope_pair_table", None)
+    if cached is None or cached[0] != key:
+        cached = (key, rope_pair_table(heads, head_dim, freqs, bias))
+        linear._rope_pair_table = cached
+    return qkv_rope_linear_cute(h, linear.weight, cached[1], coords, heads=heads,
+                                head_dim=head_dim, has_bias=bias is not None, config=config)

@@ -20,13 +20,15 @@ from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import (grid_tokens, vision_freqs_cis, vision_patch_coords,
                                         vision_rope_frequencies)
+from rope_kernels.kernels.qkv_cute import rotating_qkv_projection_cute
 from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
 from rope_kernels.peers import quack_gemm
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
-# projection's epilogue, kernels/qkv_gemm.py), "gemm_epilogue_quack" (the same in
+# projection's epilogue, kernels/qkv_gemm.py; "gemm_epilogue_cute": our CuTe DSL kernel,
+# kernels/qkv_cute.py), "gemm_epilogue_quack" (the same in
 # QuACK's GEMM, peers/quack_gemm.py, where QuACK runs); how attention runs ("auto": per device)
 from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
 
@@ -180,13 +182,17 @@ class MoonViTEncoder(nn.Module):
         quack_ops = angles = None
         for blk in self.blocks:
             h = blk.norm0(x)
-            if rope == "gemm_epilogue":  # angles in-kernel (the faster mode on an H200)
+            if rope in ("gemm_epilogue", "gemm_epilogue_cute"):
                 if angles is None:  # patch coordinates and frequencies, once per forward
                     angles = (vision_patch_coords(grids, device=x.device),
                               vision_rope_frequencies(cfg.head_dim, theta=cfg.theta,
                                                       device=x.device))
-                q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
-                                                  angles=angles).unbind(1)
+                if rope == "gemm_epilogue":  # angles in-kernel (the faster mode on an H200)
+                    q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
+                                                      angles=angles).unbind(1)
+                else:
+                    q, k, v = rotating_qkv_projection_cute(blk.wqkv, h, *angles, cfg.heads,
+                                                           cfg.head_dim).unbind(1)
             elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
                 if quack_ops is None:  # positions and frequency tables, once per forward
                     quack_ops = quack_gemm.kimi_mrope_operands(

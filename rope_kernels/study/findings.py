@@ -52,10 +52,11 @@ DESCRIPTIONS = {
 }
 OURS = ("fused", "fused_inplace")
 ENCODER_ORDER = ("native", "vllm_merged", "vllm_packed_qk", "sglang_kimi_k25", "sglang_vision", "flashinfer",
-                 "quack_qkv", "fused", "fused_inplace", "gemm_epilogue", "none")
+                 "quack_qkv", "fused", "fused_inplace", "gemm_epilogue", "gemm_epilogue_cute", "none")
 ENCODER_LABELS = {"vllm_merged": "vllm_merged (merged PR path)", "vllm_packed_qk": "vllm_packed_qk (vLLM 0.33)",
                   "fused": "fused (ours)", "fused_inplace": "fused in place (ours)",
                   "gemm_epilogue": "gemm_epilogue (ours, RoPE in the QKV GEMM)",
+                  "gemm_epilogue_cute": "gemm_epilogue_cute (ours, RoPE in our CuTe DSL QKV GEMM)",
                   "none": "none (RoPE skipped: the floor)"}
 # The same-bytes SM copy's speed over the variant's, per row (100: as fast as a copy of
 # the bytes the call moves). The older clone()-based column measured a memcpy whose speed

@@ -52,6 +52,9 @@ VARIANT_COLORS = {
     "qkv_gemm_rotation_compiled_out": "#e7969c",
     "quack_gemm": "#de77ae",
     "gemm_epilogue_quack": "#4d004b",
+    "gemm_epilogue_cute": "#6b8e23",
+    "qkv_rope_linear_cute": "#2f4f4f",
+    "qkv_cute_rotation_compiled_out": "#8fbc8f",
 }
 _FALLBACK_COLORS = ("#637939", "#7b4173", "#843c39", "#3182bd", "#a55194", "#6b6ecf",
                     "#bd9e39", "#ad494a", "#5254a3", "#8ca252")
