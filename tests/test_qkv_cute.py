@@ -190,18 +190,27 @@ def test_encoder_refuses_gemm_epilogue_cute_where_absent_saying_why():
 
 
 def test_rotating_projection_caches_the_table_until_the_weights_change(monkeypatch):
-    """The encoder's per-layer table is built once and rebuilt after an in-place change."""
+    """The encoder's per-layer table is built once and rebuilt after an in-place change,
+    also when called under inference mode (as the encoder's forward is)."""
     calls = []
     monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute",
                         lambda h, w, table, coords, **kw: calls.append(table) or table)
     lin = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
-    freqs = vision_rope_frequencies(HEAD_DIM)
     coords = torch.zeros(2, 2, dtype=torch.int32)
     h = torch.randn(2, 8)
-    t1 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
-    t2 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
+    with torch.inference_mode():
+        t1 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
+        t2 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
     assert t1 is t2
+    expected = rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), lin.bias)
+    assert torch.equal(t1, expected)
     with torch.no_grad():
         lin.bias.add_(1.0)
-    t3 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, freqs, HEADS, HEAD_DIM)
+    t3 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
     assert t3 is not t1 and torch.allclose(t3[:, 2:], t1[:, 2:] + 1.0)
+    t4 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM, theta=500.0)
+    assert not torch.equal(t4[:, :2], t3[:, :2])
+    with torch.inference_mode():  # a model made under inference mode: no version counters
+        frozen = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
+        f1 = qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM)
+        assert qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM) is f1

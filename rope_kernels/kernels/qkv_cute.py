@@ -628,19 +628,33 @@ def _max_clusters(cluster_m: int) -> int:
     return _COMPILED[key]
 
 
+def _version_key(t: torch.Tensor | None):
+    """What identifies a tensor's contents without reading them: its storage and, where
+    torch tracks it (not for inference tensors), its in-place version counter."""
+    if t is None:
+        return None
+    try:
+        return (t.data_ptr(), t._version)
+    except RuntimeError:  # an inference tensor: no version counter
+        return (t.data_ptr(),)
+
+
 def rotating_qkv_projection_cute(linear: torch.nn.Linear, h: torch.Tensor, coords: torch.Tensor,
-                                 freqs: torch.Tensor, heads: int, head_dim: int, *,
+                                 heads: int, head_dim: int, *, theta: float = 10000.0,
                                  config: CuteQKVConfig | None = None) -> torch.Tensor:
     """``linear(h)`` as packed (T, 3, H, D) with q and k rotated, by ``qkv_rope_linear_cute``:
-    the encoder's ``gemm_epilogue_cute``. The per-pair table (frequencies and this layer's
-    bias) is built at the first call and kept on the module, as a model would at load;
-    it is rebuilt when the weight or bias is replaced or changed in place."""
+    the encoder's ``gemm_epilogue_cute``. The per-pair table (Kimi's frequencies at
+    ``theta`` and this layer's bias) is built at the first call and kept on the module, as
+    a model would at load; it is rebuilt when the weight or bias is replaced or changed in
+    place (their version counters; tensors made under inference mode have none, so
+    there only a replaced tensor is seen)."""
+    from rope_kernels.kernels.freqs import vision_rope_frequencies
+
     bias = linear.bias
-    key = (linear.weight.data_ptr(), linear.weight._version,
-           None if bias is None else (bias.data_ptr(), bias._version),
-           freqs.data_ptr(), freqs._version, heads, head_dim)
+    key = (_version_key(linear.weight), _version_key(bias), heads, head_dim, float(theta))
     cached = getattr(linear, "_rope_pair_table", None)
     if cached is None or cached[0] != key:
+        freqs = vision_rope_frequencies(head_dim, theta=theta, device=linear.weight.device)
         cached = (key, rope_pair_table(heads, head_dim, freqs, bias))
         linear._rope_pair_table = cached
     return qkv_rope_linear_cute(h, linear.weight, cached[1], coords, heads=heads,

@@ -191,8 +191,8 @@ class MoonViTEncoder(nn.Module):
                     q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
                                                       angles=angles).unbind(1)
                 else:
-                    q, k, v = rotating_qkv_projection_cute(blk.wqkv, h, *angles, cfg.heads,
-                                                           cfg.head_dim).unbind(1)
+                    q, k, v = rotating_qkv_projection_cute(blk.wqkv, h, angles[0], cfg.heads,
+                                                           cfg.head_dim, theta=cfg.theta).unbind(1)
             elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
                 if quack_ops is None:  # positions and frequency tables, once per forward
                     quack_ops = quack_gemm.kimi_mrope_operands(
