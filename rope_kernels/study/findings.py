@@ -393,7 +393,9 @@ def encoder_section(files: dict) -> list[str]:
 def qkv_section(files: dict) -> list[str]:
     q = files.get("qkv_gemm", pd.DataFrame())
     intro = ("**RoPE inside the QKV projection** (1152 -> 3456, bf16; `qkv_rope_linear` rotates q and k in "
-             "its GEMM's epilogue)")
+             "its GEMM's epilogue)" if "qkv_rope_linear_cute" not in set(q.get("variant", ())) else
+             "**RoPE inside the QKV projection** (1152 -> 3456, bf16; q and k rotated in the GEMM's epilogue "
+             "by our Triton kernel, `qkv_rope_linear`, and our CuTe DSL kernel, `qkv_rope_linear_cute`)")
     if q.empty:
         out = [intro + ": not measured in these rows (no `qkv_gemm.csv`)."]
         probe = files.get("qkv_gemm_configs.csv")
@@ -405,7 +407,8 @@ def qkv_section(files: dict) -> list[str]:
     cold = q[q["mode"] == T.COLD] if "mode" in q.columns else q
     wide = cold.pivot_table(index="tokens", columns="variant", values="median_us")
     variants = [v for v in ("cublas_linear", "cublas_linear+fused_rope", "quack_gemm_rope", "compile_max_autotune",
-                            "qkv_rope_linear", "qkv_rope_linear_angles") if v in wide.columns]
+                            "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_rope_linear_cute")
+                if v in wide.columns]
     variants += sorted(set(wide.columns) - set(variants))
     head = ["tokens"] + [f"`{v}` [us] (x cuBLAS)" for v in variants]
     out = [intro + ", cold, CUDA graphs, time and time over cuBLAS:", "",
@@ -419,36 +422,46 @@ def qkv_section(files: dict) -> list[str]:
     return out
 
 
+# Our QKV kernels' rotation-compiled-out variants, each with the kernels it splits (the
+# compiled-out one ran at the config of the fastest of them in the run).
+QKV_SPLITS = (
+    ("qkv_gemm_rotation_compiled_out", "our Triton kernels",
+     (("qkv_rope_linear", "from the table"),
+      ("qkv_rope_linear_angles", "with the angles computed in-kernel"))),
+    ("qkv_cute_rotation_compiled_out", "our CuTe DSL kernel",
+     (("qkv_rope_linear_cute", "with the angles computed in-kernel"),)),
+)
+
+
 def _qkv_split_lines(cold: pd.DataFrame) -> list[str]:
-    """Per token count: where the time of our fastest kernel goes. The rotation-compiled-
-    out kernel ran at the config of the faster of ``qkv_rope_linear`` (cos/sin table) and
-    ``qkv_rope_linear_angles`` (angles in-kernel), each at its fastest candidate of the
-    run; the rotation's share is given for each of them that ran at that config."""
+    """Per token count: where the time of our kernels goes. Each rotation-compiled-out
+    kernel (``QKV_SPLITS``) ran at the config of the fastest of the kernels it splits,
+    each at its fastest candidate of the run; the rotation's share is given for each of
+    them that ran at that config."""
     if "config" not in cold.columns:
         return []
-    parts = []
-    kernels = (("qkv_rope_linear", "from the table"),
-               ("qkv_rope_linear_angles", "with the angles computed in-kernel"))
-    for t, g in cold.groupby("tokens", sort=True):
-        by = {r.variant: r for r in g.itertuples()}
-        out_, base = by.get("qkv_gemm_rotation_compiled_out"), by.get("cublas_linear")
-        if out_ is None or base is None or pd.isna(out_.median_us) or pd.isna(base.median_us):
-            continue
-        shares = [f"+{100 * (r.median_us / out_.median_us - 1):.1f}% {how} (`{name}`)"
-                  for name, how in kernels
-                  for r in [by.get(name)] if r is not None and not pd.isna(r.median_us)
-                  and getattr(r, "config", None) == out_.config]
-        if not shares:
-            continue
-        parts.append(f"{int(t):,} tokens `{out_.config}`: mainloop and store {out_.median_us:.1f} us "
-                     f"({out_.median_us / base.median_us:.2f}x cuBLAS), the rotation "
-                     + ", ".join(shares))
-    if not parts:
-        return []
-    return ["", "- Where the time goes: our kernels at the fastest of the run's candidate configs "
-            "(each its own), and the same kernel with the rotation compiled out "
-            "(`qkv_gemm_rotation_compiled_out`) at the config of the faster: "
-            + "; ".join(parts) + "."]
+    lines = []
+    for compiled_out, who, kernels in QKV_SPLITS:
+        parts = []
+        for t, g in cold.groupby("tokens", sort=True):
+            by = {r.variant: r for r in g.itertuples()}
+            out_, base = by.get(compiled_out), by.get("cublas_linear")
+            if out_ is None or base is None or pd.isna(out_.median_us) or pd.isna(base.median_us):
+                continue
+            shares = [f"+{100 * (r.median_us / out_.median_us - 1):.1f}% {how} (`{name}`)"
+                      for name, how in kernels
+                      for r in [by.get(name)] if r is not None and not pd.isna(r.median_us)
+                      and getattr(r, "config", None) == out_.config]
+            if not shares:
+                continue
+            parts.append(f"{int(t):,} tokens `{out_.config}`: mainloop and store {out_.median_us:.1f} us "
+                         f"({out_.median_us / base.median_us:.2f}x cuBLAS), the rotation "
+                         + ", ".join(shares))
+        if parts:
+            lines.append(f"- Where the time goes, {who}: at the fastest of the run's candidate configs "
+                         "(each its own), and the same kernel with the rotation compiled out "
+                         f"(`{compiled_out}`) at the config of the faster: " + "; ".join(parts) + ".")
+    return [""] + lines if lines else []
 
 
 def targets_section(files: dict) -> list[str]:
