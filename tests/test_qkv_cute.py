@@ -214,3 +214,14 @@ def test_rotating_projection_caches_the_table_until_the_weights_change(monkeypat
         frozen = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
         f1 = qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM)
         assert qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM) is f1
+
+
+def test_quack_best_calls_name_their_configs_or_say_why():
+    from rope_kernels.bench import qkv_bench as qb
+    from rope_kernels.peers import quack_gemm
+    calls, why = qb.quack_best_calls(16, 72)
+    ok, reason = quack_gemm.availability()
+    if ok:
+        assert [(n, c) for n, c, _ in calls] == list(qb.QUACK_BEST) and why == ""
+    else:
+        assert calls == [] and why == reason and why

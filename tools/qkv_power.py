@@ -106,15 +106,11 @@ def main(argv=None) -> int:
             fn = qb.ours(name, c, HEADS, HEAD_DIM)
             variants.append((f"{name} {c.label}", lambda fn=fn: fn(a)))
     if args.quack:
-        from rope_kernels.peers import quack_gemm as quack
-
-        ok, why = quack.availability()
-        if not ok:
+        calls, why = qb.quack_best_calls(HEADS, HEAD_DIM)
+        if why:
             print(f"qkv_power: QuACK unavailable: {why}", file=sys.stderr)
             return 2
-        for name, cfg in (("quack_gemm", "quack_default"),
-                          ("quack_gemm_rope", "128x160_c2x1_pingpong")):
-            fn = qb.quack_call(name, cfg, HEADS, HEAD_DIM)
+        for name, cfg, fn in calls:
             variants.append((f"{name} {cfg}", lambda fn=fn: fn(a)))
     variants.append(("cublas_linear (again)", variants[0][1]))
 

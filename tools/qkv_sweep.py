@@ -173,14 +173,11 @@ def main(argv=None) -> int:
     extra = []
     from rope_kernels.bench import qkv_bench as qb
     if args.quack:
-        from rope_kernels.peers import quack_gemm as quack
-        ok, why = quack.availability()
-        if not ok:
+        calls, why = qb.quack_best_calls(HEADS, HEAD_DIM)
+        if why:
             print(f"qkv_sweep: QuACK not available: {why}", file=sys.stderr)
             return 2
-        for name, cfg in (("quack_gemm", "quack_default"),
-                          ("quack_gemm_rope", "128x160_c2x1_pingpong")):
-            extra.append((name, cfg, qb.quack_call(name, cfg, HEADS, HEAD_DIM)))
+        extra += calls
     if args.cute:
         from rope_kernels.kernels.qkv_cute import CuteQKVConfig
         try:

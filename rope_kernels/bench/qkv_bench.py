@@ -177,6 +177,20 @@ def cute_call(name: str, config, heads: int, head_dim: int):
     return call
 
 
+# QuACK's plain GEMM at its default config and its RoPE epilogue at its fastest SM90
+# config on Kimi's shape (notebook 05's committed run): what the exploration tools
+# (tools/qkv_sweep.py, tools/qkv_power.py) time beside ours.
+QUACK_BEST = (("quack_gemm", "quack_default"), ("quack_gemm_rope", "128x160_c2x1_pingpong"))
+
+
+def quack_best_calls(heads: int, head_dim: int) -> tuple[list, str]:
+    """([(variant, config, fn(args))] of ``QUACK_BEST``, "") or ([], why QuACK is absent)."""
+    ok, why = quack.availability()
+    if not ok:
+        return [], why
+    return [(name, cfg, quack_call(name, cfg, heads, head_dim)) for name, cfg in QUACK_BEST], ""
+
+
 def candidate_configs(heads: int, head_dim: int, device: torch.device,
                       configs: Sequence[QKVGemmConfig] | None = None) -> list[QKVGemmConfig]:
     """Our configs to sweep: ``configs`` (GPU default ``QKV_CANDIDATE_CONFIGS``), each
