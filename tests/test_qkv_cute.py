@@ -225,3 +225,14 @@ def test_quack_best_calls_name_their_configs_or_say_why():
         assert [(n, c) for n, c, _ in calls] == list(qb.QUACK_BEST) and why == ""
     else:
         assert calls == [] and why == reason and why
+
+
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm_90 GPU and nvidia-cutlass-dsl")
+def test_rejects_misaligned_views_on_gpu():
+    from rope_kernels.bench import qkv_bench as qb
+    a = qb.make_args(65, 1152, 16, 72, "cuda", seed=0)
+    table = rope_pair_table(16, 72, a["freqs"], a["b"])
+    x = torch.empty(65 * 1152 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(65, 1152)
+    x.copy_(a["x"])
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        qkv_cute.qkv_rope_linear_cute(x, a["w"], table, a["coords"], heads=16, head_dim=72)

@@ -16,13 +16,17 @@ run from the installed package; the kernel and its epilogue are ours:
 - mainloop: one producer warp (TMA loads of x and W tiles into a ring of shared-memory
   stages; W's tile multicast to the ``cluster_m`` CTAs along M that share it) and two
   consumer warp groups in ping-pong: each owns every other tile of the CTA's persistent
-  sequence, so one group's epilogue runs under the other's mainloop. The stages are
-  handed out in the producer's order, which alone staggers the two groups.
+  sequence, so one group's epilogue runs under the other's mainloop; their mainloops
+  take turns (two mbarriers), which the stage ring's parity waits need to be right.
 - epilogue: bias and rotation on the fp32 accumulator in registers (angles in turns
   from each token's patch (row, column) and a per-pair table, ``rope_pair_table``;
   reduced to [-1/2, 1/2] turn and taken by the SFU's cos/sin.approx, as the Triton
   kernel's ANGLES_FAST), then bf16/fp16 through shared memory to TMA stores in
   (64, ``epi_n``) subtiles. Tiles wholly in v (columns >= 2*H*D) skip the rotation.
+
+Measured on an H200 (notebook 05's bench, 2026-12-04, pre-flight of commit aa0867d, not the
+study's committed rows): 0.94-0.96x cuBLAS with the rotation at 21,904-87,616 tokens, the
+rotation 4-5% over the same kernel with it compiled out (see ``CUTE_CONFIGS``).
 """
 
 import math
@@ -610,6 +614,10 @@ def qkv_rope_linear_cute(
         raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape "
                          f"({x.shape[0]}, 3, {heads}, {head_dim}) on {x.device}")
     out2d = out.view(x.shape[0], n_cols)
+    for name, t in (("x", x), ("w_qkv", w_qkv), ("table", table), ("coords", coords), ("out", out)):
+        if t.data_ptr() % 16:  # TMA and the compiled kernel assume 16-byte aligned bases
+            raise ValueError(f"{name} must start at a 16-byte aligned address (a view with an "
+                             f"offset is not; pass a copy)")
     import cuda.bindings.driver as cuda
     clusters = _max_clusters(cfg.cluster_m)
     stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
