@@ -116,8 +116,9 @@ class CuteQKVConfig:
 
 # The configs the study times (notebook 05 keeps the fastest of the run): the three
 # fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
-# 21,904-87,616 tokens: 192x2, 192x2 with 64-column stores and 160x2 within 1-4% of each
-# other; 128x2, 192x1, one consumer group and M-first order 2-50% slower).
+# 21,904 / 43,808 / 87,616 tokens, time over the fastest: 192x2 1.00-1.01x, 192x2 with
+# 64-column stores 1.00-1.03x, 160x2 1.01-1.04x; 128x2 1.03-1.13x, 192x1 1.06-1.08x,
+# M-first order 1.13-1.23x, one consumer group 1.43-1.83x).
 CUTE_CONFIGS = (CuteQKVConfig(), CuteQKVConfig(epi_n=64), CuteQKVConfig(tile_n=160))
 
 
