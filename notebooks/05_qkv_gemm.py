@@ -109,9 +109,11 @@ else:
 # ## Where the time goes, and the compute roof
 #
 # Each of our kernels runs at its own fastest candidate; `qkv_gemm_rotation_compiled_out` runs
-# at the config of the faster of the two. At that config, a kernel minus the compiled-out one is
-# its epilogue's rotation (blank where the kernel's fastest config was another); the
-# compiled-out kernel over `cublas_linear` is the mainloop's deficit (or lead) against cuBLAS.
+# at the config of the faster of the two Triton ones. At that config, a kernel minus the
+# compiled-out one is its epilogue's rotation (blank where the kernel's fastest config was
+# another); the compiled-out kernel over `cublas_linear` is the mainloop's deficit (or lead)
+# against cuBLAS. The second table does the same for our CuTe DSL kernel
+# (`qkv_cute_rotation_compiled_out` at `qkv_rope_linear_cute`'s fastest config), where it ran.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -133,6 +135,15 @@ if kind != "cpu":
             "rotation, cos/sin table [us]": rotation("qkv_rope_linear"),
             "mainloop / cuBLAS [x]": wide["qkv_gemm_rotation_compiled_out"] / wide["cublas_linear"],
             "fused RoPE after cuBLAS [us]": wide.get("cublas_linear+fused_rope", float("nan")) - wide["cublas_linear"],
+        }).round(3))
+    if {"qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out", "cublas_linear"} <= set(wide.columns):
+        cute_configs = qkv.pivot_table(index="tokens", columns="variant", values="config", aggfunc="first")
+        display(pd.DataFrame({
+            "CuTe config": cute_configs["qkv_cute_rotation_compiled_out"],
+            "mainloop (rotation compiled out) [us]": wide["qkv_cute_rotation_compiled_out"],
+            "rotation, angles in-kernel [us]": wide["qkv_rope_linear_cute"] - wide["qkv_cute_rotation_compiled_out"],
+            "mainloop / cuBLAS [x]": wide["qkv_cute_rotation_compiled_out"] / wide["cublas_linear"],
+            "with rotation / cuBLAS [x]": wide["qkv_rope_linear_cute"] / wide["cublas_linear"],
         }).round(3))
     peak = peak_bf16_tflops(dev)
     roof = roofline(qkv, peak)
