@@ -52,7 +52,7 @@ def test_table_without_bias_is_zero_there():
 
 @pytest.mark.parametrize("kwargs, error", [
     ({"tile_n": 100}, ValueError), ({"tile_n": 512}, ValueError), ({"tile_n": 1.5}, TypeError),
-    ({"cluster_m": 4}, ValueError), ({"epi_n": 48}, ValueError),
+    ({"cluster_m": 4}, ValueError), ({"epi_n": 48}, ValueError), ({"tile_n": 160, "epi_n": 64}, ValueError),
     ({"tile_n": 144, "epi_n": 32}, ValueError), ({"stages": 1}, ValueError),
     ({"rotate": 1}, TypeError), ({"cluster_m": True}, TypeError),
 ])
@@ -62,8 +62,10 @@ def test_config_rejects(kwargs, error):
 
 
 def test_config_stages_fit_shared_memory():
-    assert CuteQKVConfig().ab_stages() == 5           # 40 KB a stage at 128x192
+    assert CuteQKVConfig().ab_stages() == 4           # 40 KB a stage at 128x192, 32 KB of stores
+    assert CuteQKVConfig(epi_n=32).ab_stages() == 5
     assert CuteQKVConfig(tile_n=128).ab_stages() == 6
+    assert [CuteQKVConfig(tile_n=n).store_cols for n in (192, 160, 144, 128, 80)] == [64, 32, 16, 64, 16]
     with pytest.raises(ValueError, match="does not fit"):
         CuteQKVConfig(stages=8).ab_stages()
 

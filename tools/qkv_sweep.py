@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quack", action="store_true",
                    help="QuACK's plain GEMM and its RoPE epilogue (its best SM90 config) too")
     p.add_argument("--cute", help="our CuTe DSL kernel (qkv_cute) at these configs, "
-                   "comma-separated CuteQKVConfig.parse specs (e.g. 192x2,160x1/e64/m)")
+                   "comma-separated CuteQKVConfig.parse specs (e.g. 192x2,160x1/e32/m)")
     p.add_argument("--samples", type=int, default=10, help="timed CUDA-graph replays per row")
     p.add_argument("--csv", type=Path, help="where to write the rows (default $OUT/qkv_sweep.csv)")
     args = p.parse_args(argv)

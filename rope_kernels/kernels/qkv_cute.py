@@ -22,7 +22,7 @@ run from the installed package; the kernel and its epilogue are ours:
   from each token's patch (row, column) and a per-pair table, ``rope_pair_table``;
   reduced to [-1/2, 1/2] turn and taken by the SFU's cos/sin.approx, as the Triton
   kernel's ANGLES_FAST), then bf16/fp16 through shared memory to TMA stores in
-  (64, ``epi_n``) subtiles. Tiles wholly in v (columns >= 2*H*D) skip the rotation.
+  (64, ``store_cols``) subtiles. Tiles wholly in v (columns >= 2*H*D) skip the rotation.
 
 Measured on an H200 (notebook 05's bench, 2026-12-04, pre-flight of commit aa0867d, not the
 study's committed rows): 0.94-0.96x cuBLAS with the rotation at 21,904-87,616 tokens, the
@@ -45,7 +45,8 @@ class CuteQKVConfig:
     """Launch settings of ``qkv_rope_linear_cute``."""
     tile_n: int = 192       # columns a tile (Kimi's 3456 = 18 tiles; q|k = the first 12)
     cluster_m: int = 2      # CTAs along M sharing (multicasting) one W tile: 1 or 2
-    epi_n: int = 32         # columns of one epilogue store subtile
+    epi_n: int = 0          # columns of one epilogue store subtile; 0: the widest of 64, 32
+                            # and 16 that divides tile_n (64 measured fastest at 192)
     stages: int = 0         # shared-memory stages of (x, W) k-tiles; 0: as many as fit
     rotate: bool = True     # False: rotation compiled out (benchmarks only)
     consumers: int = 2      # consumer warp groups taking turns (2: ping-pong; 1: one)
@@ -89,9 +90,9 @@ class CuteQKVConfig:
                              f"got {self.tile_n}")
         if self.cluster_m not in (1, 2):
             raise ValueError(f"CuteQKVConfig.cluster_m must be 1 or 2, got {self.cluster_m}")
-        if self.epi_n not in (16, 32, 64) or self.tile_n % self.epi_n:
-            raise ValueError(f"CuteQKVConfig.epi_n must be 16, 32 or 64 and divide tile_n "
-                             f"({self.tile_n}), got {self.epi_n}")
+        if self.epi_n not in (0, 16, 32, 64) or (self.epi_n and self.tile_n % self.epi_n):
+            raise ValueError(f"CuteQKVConfig.epi_n must be 0 (auto), or 16, 32 or 64 dividing "
+                             f"tile_n ({self.tile_n}), got {self.epi_n}")
         if self.stages < 0 or self.stages == 1:
             raise ValueError(f"CuteQKVConfig.stages must be 0 (as many as fit) or >= 2, "
                              f"got {self.stages}")
@@ -101,10 +102,15 @@ class CuteQKVConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"CuteQKVConfig.{name} must be a bool")
 
+    @property
+    def store_cols(self) -> int:
+        """Columns of one epilogue store subtile (``epi_n``, or its automatic choice)."""
+        return self.epi_n or next(c for c in (64, 32, 16) if self.tile_n % c == 0)
+
     def ab_stages(self, elem_bytes: int = 2) -> int:
         """The (x, W) stages that fit beside the epilogue buffers (or ``stages``)."""
         per_stage = (TILE_M + self.tile_n) * TILE_K * elem_bytes
-        epi = 2 * _EPI_STAGES * 64 * self.epi_n * elem_bytes
+        epi = 2 * _EPI_STAGES * 64 * self.store_cols * elem_bytes
         fit = (_SMEM_BYTES - epi - 1024) // per_stage
         if self.stages:
             if self.stages > fit:
@@ -114,12 +120,13 @@ class CuteQKVConfig:
         return fit
 
 
-# The configs the study times (notebook 05 keeps the fastest of the run): the three
-# fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
+# The configs the study times (notebook 05 keeps the fastest of the run; the default, 192x2
+# with 64-column stores, was the fastest at every token count of the pre-flight run of
+# notebook 05 on 2026-12-04, by 1-2%): the three fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
 # 21,904 / 43,808 / 87,616 tokens, time over the fastest: 192x2 1.00-1.01x, 192x2 with
 # 64-column stores 1.00-1.03x, 160x2 1.01-1.04x; 128x2 1.03-1.13x, 192x1 1.06-1.08x,
 # M-first order 1.13-1.23x, one consumer group 1.43-1.83x).
-CUTE_CONFIGS = (CuteQKVConfig(), CuteQKVConfig(epi_n=64), CuteQKVConfig(tile_n=160))
+CUTE_CONFIGS = (CuteQKVConfig(), CuteQKVConfig(epi_n=32), CuteQKVConfig(tile_n=160))
 
 
 def available() -> bool:
@@ -227,7 +234,7 @@ def _kernel_class():
             self.has_bias = has_bias
             self.rotate = cfg.rotate
             self.ab_stages = cfg.ab_stages(elem_bytes)
-            self.epi_tile = (64, cfg.epi_n)
+            self.epi_tile = (64, cfg.store_cols)
             self.consumers = cfg.consumers
             self.threads = 3 * 128  # producer warp group + two consumer warp groups
 
