@@ -122,7 +122,8 @@ class CuteQKVConfig:
 
 # The configs the study times (notebook 05 keeps the fastest of the run; the default, 192x2
 # with 64-column stores, was the fastest at every token count of the pre-flight run of
-# notebook 05 on 2026-12-04, by 1-2%): the three fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
+# notebook 05 on 2026-12-04, by 1-2%, although ptxas 13.0 reports 24 bytes of spill stores
+# for it where the 32-column stores have none): the three fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
 # 21,904 / 43,808 / 87,616 tokens, time over the fastest: 192x2 1.00-1.01x, 192x2 with
 # 64-column stores 1.00-1.03x, 160x2 1.01-1.04x; 128x2 1.03-1.13x, 192x1 1.06-1.08x,
 # M-first order 1.13-1.23x, one consumer group 1.43-1.83x).
