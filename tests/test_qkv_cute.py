@@ -86,11 +86,14 @@ def _cpu_args(tokens=10, hidden=64):
 
 
 @pytest.mark.parametrize("change, error, match", [
-    ({"x": "float32"}, TypeError, "bf16/fp16"),
+    ({"x": "float32"}, TypeError, "bfloat16 or float16"),
     ({"coords": "int64"}, ValueError, "coords"),
     ({"table": "short"}, ValueError, "table"),
     ({"w": "wide"}, ValueError, "w_qkv"),
     ({"config": "str"}, TypeError, "CuteQKVConfig"),
+    ({"heads": 3}, ValueError, "heads"),
+    ({"out": "aliases x"}, ValueError, "shares memory with x"),
+    ({"out": "wrong shape"}, ValueError, "out must be"),
 ])
 def test_launcher_rejects_bad_input(change, error, match):
     x, w, table, coords = _cpu_args()
@@ -105,6 +108,14 @@ def test_launcher_rejects_bad_input(change, error, match):
         w = torch.randn(w.shape[0], w.shape[1] + 8, dtype=w.dtype)
     if change.get("config"):
         kw["config"] = "192x2"
+    if change.get("heads"):
+        kw["heads"] = change["heads"]
+    if change.get("out") == "aliases x":
+        big = torch.empty(x.shape[0] * 3 * HEADS * HEAD_DIM, dtype=x.dtype)
+        x = big[: x.numel()].view(x.shape).copy_(x)
+        kw["out"] = big.view(x.shape[0], 3, HEADS, HEAD_DIM)
+    if change.get("out") == "wrong shape":
+        kw["out"] = torch.empty(x.shape[0], 3, HEADS, HEAD_DIM + 4, dtype=x.dtype)
     with pytest.raises(error, match=match):
         qkv_cute.qkv_rope_linear_cute(x, w, table, coords, **kw)
 

@@ -589,39 +589,42 @@ def qkv_rope_linear_cute(
         config: launch settings (``CuteQKVConfig()`` by default).
         out: optional preallocated (T, 3, H, D) contiguous output.
     """
+    from rope_kernels.kernels.qkv_gemm import _check_common, _check_out
+
     cfg = config if config is not None else CuteQKVConfig()
     if not isinstance(cfg, CuteQKVConfig):
         raise TypeError(f"config must be a CuteQKVConfig, got {type(cfg).__name__}")
+    # x and W as the Triton kernel's launcher checks them (dtype, shapes, device)
+    w_heads, _ = _check_common(x, w_qkv, None, head_dim, "head_dim")
+    if w_heads != heads:
+        raise ValueError(f"w_qkv has {w_heads} heads of {head_dim}, not heads={heads}")
+    if head_dim % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 (Kimi's interleaved 2D pairs), "
+                         f"got {head_dim}")
     for name, t in (("x", x), ("w_qkv", w_qkv), ("table", table), ("coords", coords)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_contiguous():
+        if not t.is_contiguous():  # the compiled kernel assumes compact rows
             raise ValueError(f"{name} must be contiguous")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
-    if x.dtype not in (torch.bfloat16, torch.float16) or w_qkv.dtype != x.dtype:
-        raise TypeError(f"x and w_qkv must share a bf16/fp16 dtype, got {x.dtype}, {w_qkv.dtype}")
     n_cols = 3 * heads * head_dim
-    if x.dim() != 2 or x.shape[1] % 8 or x.shape[0] < 1:
-        raise ValueError(f"x must be (tokens >= 1, hidden) with hidden a multiple of 8, "
-                         f"got {tuple(x.shape)}")
-    if tuple(w_qkv.shape) != (n_cols, x.shape[1]):
-        raise ValueError(f"w_qkv must be (3*heads*head_dim, hidden) = ({n_cols}, {x.shape[1]}), "
-                         f"got {tuple(w_qkv.shape)}")
+    if x.shape[1] % 8 or x.shape[0] < 1:
+        raise ValueError(f"x must be (tokens >= 1, hidden) with hidden a multiple of 8 "
+                         f"(16-byte TMA rows), got {tuple(x.shape)}")
     if table.dtype != torch.float32 or tuple(table.shape) != (n_cols // 2, 4):
         raise ValueError(f"table must be rope_pair_table's fp32 ({n_cols // 2}, 4), got "
                          f"{table.dtype} {tuple(table.shape)}")
     if coords.dtype != torch.int32 or tuple(coords.shape) != (x.shape[0], 2):
         raise ValueError(f"coords must be int32 (tokens, 2) = ({x.shape[0]}, 2), got "
                          f"{coords.dtype} {tuple(coords.shape)}")
+    shape = (x.shape[0], 3, heads, head_dim)
+    if out is not None:  # as the Triton launcher checks it: shape, dtype, no overlap with inputs
+        _check_out(out, shape, x, {"x": x, "w_qkv": w_qkv, "table": table, "coords": coords})
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
         raise ValueError("qkv_rope_linear_cute runs on sm_90 GPUs (Hopper) only")
     if out is None:
-        out = torch.empty(x.shape[0], 3, heads, head_dim, device=x.device, dtype=x.dtype)
-    elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (x.shape[0], 3, heads, head_dim)
-          or out.dtype != x.dtype or not out.is_contiguous() or out.device != x.device):
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape "
-                         f"({x.shape[0]}, 3, {heads}, {head_dim}) on {x.device}")
+        out = torch.empty(shape, device=x.device, dtype=x.dtype)
     out2d = out.view(x.shape[0], n_cols)
     for name, t in (("x", x), ("w_qkv", w_qkv), ("table", table), ("coords", coords), ("out", out)):
         if t.data_ptr() % 16:  # TMA and the compiled kernel assume 16-byte aligned bases
