@@ -239,3 +239,24 @@ def test_qkv_lines_name_the_config_and_split_mainloop_from_rotation():
     assert ("21,904 tokens `B`: mainloop and store 104.0 us (1.04x cuBLAS), the rotation +10.0% "
             "with the angles computed in-kernel" in text)
     assert "from the table (`qkv_rope_linear`)" not in text
+
+
+def test_a_gemm_epilogue_under_the_floor_is_said_to_owe_it_to_its_gemm():
+    from rope_kernels.study.findings import _below_floor
+
+    enc = pd.DataFrame([{"variant": v, "mode": m, "median_ms": ms}
+                        for m in ("cudagraph", "eager")
+                        for v, ms in (("none", 100.0), ("gemm_epilogue_cute", 99.0), ("gemm_epilogue", 101.0))])
+    qkv = pd.DataFrame([{"variant": v, "tokens": t, "mode": "cudagraph", "median_us": us}
+                        for t, rows in ((21904, (("cublas_linear", 100.0), ("qkv_rope_linear_cute", 95.0))),
+                                        (87616, (("cublas_linear", 400.0), ("qkv_rope_linear_cute", 376.0))))
+                        for v, us in rows])
+    text = "\n".join(_below_floor(enc, qkv))
+    assert "`gemm_epilogue_cute` runs under the RoPE-free floor" in text
+    assert "99.0 vs 100.0 ms with CUDA graphs and 99.0 vs 100.0 ms eager" in text
+    assert "0.94-0.95x cuBLAS's time alone" in text
+    assert "`gemm_epilogue` runs" not in text  # above the floor: nothing to explain
+    # without QKV rows the line still stands, without the GEMM's ratio
+    assert "cuBLAS's time alone" not in "\n".join(_below_floor(enc, pd.DataFrame()))
+    # at or above the floor in both modes: no line
+    assert _below_floor(enc.assign(median_ms=100.0), qkv) == []

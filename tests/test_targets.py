@@ -232,6 +232,12 @@ def test_encoder_floor_gap():
     rounds = {"none": [100.0] * 5, "gemm_epilogue": [100.31] * 5}
     v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
     assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["missed"]
+    assert v[v["mode"] == "cudagraph"].detail.iloc[0].startswith("slower by 0.31% per round")
+    # under the floor: faster, said without a double negative
+    rounds = {"none": [100.0] * 5, "gemm_epilogue": [99.5] * 5}
+    v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
+    row = v[v["mode"] == "cudagraph"].iloc[0]
+    assert row.verdict == "met" and row.detail.startswith("faster by 0.50% per round")
 
 
 def test_gemm_epilogue_targets_take_the_faster_of_our_two_kernels():

@@ -515,8 +515,9 @@ def _encoder_paired(target: Target, tables: dict) -> list[dict]:
             value = mid
             verdict = ("met" if _OPS[target.op](lo, target.threshold) else "within noise"
                        if _OPS[target.op](mid, target.threshold) else "missed")
-        detail = (f"{'slower' if kind_is_gap else 'faster'} by {value:.2f}% per round "
-                  f"[p20 {lo:.2f}, p80 {hi:.2f}] (gain)")
+        # the words follow the sign of the median gain (a variant below the floor is faster)
+        detail = (f"{'faster' if mid >= 0 else 'slower'} by {abs(mid):.2f}% per round "
+                  f"[gain p20 {lo:.2f}, p80 {hi:.2f}]")
         out.append(_verdict_row(target, mode, _bucket_text(), ours, value, verdict, detail, p20=lo, p80=hi))
     return out
 
