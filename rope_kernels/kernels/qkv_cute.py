@@ -24,9 +24,8 @@ run from the installed package; the kernel and its epilogue are ours:
   kernel's ANGLES_FAST), then bf16/fp16 through shared memory to TMA stores in
   (64, ``store_cols``) subtiles. Tiles wholly in v (columns >= 2*H*D) skip the rotation.
 
-Measured on an H200 (notebook 05's bench, 2026-12-04, pre-flight of commit aa0867d, not the
-study's committed rows): 0.94-0.96x cuBLAS with the rotation at 21,904-87,616 tokens, the
-rotation 4-5% over the same kernel with it compiled out (see ``CUTE_CONFIGS``).
+Its H200 times (with the rotation and compiled out, beside cuBLAS and QuACK) are the study's
+rows in ``data/nvidia-h200/qkv_gemm.csv`` (notebook 05); README's findings quote them.
 """
 
 import math
@@ -120,13 +119,13 @@ class CuteQKVConfig:
         return fit
 
 
-# The configs the study times (notebook 05 keeps the fastest of the run; the default, 192x2
-# with 64-column stores, was the fastest at every token count of the pre-flight run of
-# notebook 05 on 2026-12-04, by 1-2%, although ptxas 13.0 reports 24 bytes of spill stores
-# for it where the 32-column stores have none): the three fastest of the H200 exploration of 2026-12-04 (tools/qkv_sweep.py --cute, Kimi's
-# 21,904 / 43,808 / 87,616 tokens, time over the fastest: 192x2 1.00-1.01x, 192x2 with
-# 64-column stores 1.00-1.03x, 160x2 1.01-1.04x; 128x2 1.03-1.13x, 192x1 1.06-1.08x,
-# M-first order 1.13-1.23x, one consumer group 1.43-1.83x).
+# The configs the study times (notebook 05 keeps the fastest of the run and records the others
+# in qkv_gemm_sweep.csv). The three fastest of an H200 exploration (tools/qkv_sweep.py --cute,
+# 2026-12-04, Kimi's 21,904 / 43,808 / 87,616 tokens; time over the fastest: 192x2 1.00-1.01x,
+# 192x2 with 64-column stores 1.00-1.03x, 160x2 1.01-1.04x; 128x2 1.03-1.13x, 192x1
+# 1.06-1.08x, M-first order 1.13-1.23x, one consumer group 1.43-1.83x). The default stores
+# 64 columns at a time (fastest by 1-2% in notebook 05's runs) although ptxas 13.0 reports
+# 24 bytes of spill stores for it where the 32-column stores have none.
 CUTE_CONFIGS = (CuteQKVConfig(), CuteQKVConfig(epi_n=32), CuteQKVConfig(tile_n=160))
 
 

@@ -411,15 +411,22 @@ def _below_floor(b: pd.DataFrame, qkv: pd.DataFrame) -> list[str]:
         line = (f"- `{v}` runs under the RoPE-free floor (`none`; medians {' and '.join(times)}): `none` "
                 "runs its QKV projection on cuBLAS (`nn.Linear`)")
         kernel = ENCODER_QKV_KERNEL.get(v)
-        cold = qkv[qkv["mode"] == T.COLD] if "mode" in qkv.columns else qkv
-        wide = cold.pivot_table(index="tokens", columns="variant", values="median_us") if len(cold) else None
-        if kernel and wide is not None and {kernel, "cublas_linear"} <= set(wide.columns):
+        wide = _qkv_cold_times(qkv)
+        if kernel and {kernel, "cublas_linear"} <= set(wide.columns):
             ratio = (wide[kernel] / wide["cublas_linear"]).dropna()
             if len(ratio):
                 line += (f", and ours with the rotation takes {ratio.min():.2f}-{ratio.max():.2f}x cuBLAS's time "
                          f"alone (`qkv_gemm.csv`, `{kernel}` / `cublas_linear`)")
         out.append(line + ": that part of its saving is the GEMM's, not RoPE's.")
     return out
+
+
+def _qkv_cold_times(q: pd.DataFrame) -> pd.DataFrame:
+    """Cold median times of ``qkv_gemm.csv`` rows, tokens x variant (empty without rows)."""
+    cold = q[q["mode"] == T.COLD] if "mode" in q.columns else q
+    if cold.empty:
+        return pd.DataFrame()
+    return cold.pivot_table(index="tokens", columns="variant", values="median_us")
 
 
 def qkv_section(files: dict) -> list[str]:
@@ -436,8 +443,8 @@ def qkv_section(files: dict) -> list[str]:
                        f"{', '.join(f'`{c}`' for c in _commits(probe))}), the evidence for the default "
                        "config, not the study's benchmark.")
         return out
-    cold = q[q["mode"] == T.COLD] if "mode" in q.columns else q
-    wide = cold.pivot_table(index="tokens", columns="variant", values="median_us")
+    wide = _qkv_cold_times(q)
+    cold = q[q["mode"] == T.COLD] if "mode" in q.columns else q  # the split lines' rows
     variants = [v for v in ("cublas_linear", "cublas_linear+fused_rope", "quack_gemm_rope", "compile_max_autotune",
                             "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_rope_linear_cute")
                 if v in wide.columns]
