@@ -12,7 +12,7 @@ from pathlib import Path
 def _wheelhouse(args) -> int:
     import subprocess
 
-    from rope_kernels.wheelhouse import build_wheelhouse
+    from rope_kernels.infra.wheelhouse import build_wheelhouse
 
     try:
         wheels = build_wheelhouse(Path(args.out), args.python, args.platform,
@@ -42,7 +42,7 @@ def _wheelhouse(args) -> int:
 
 def _carry(args) -> int:
     from rope_kernels.peers.cache import PeerCacheError, fetch_all
-    from rope_kernels.study.carry import CARRY_DIR, CarryError, build_bundles, main_sizes
+    from rope_kernels.infra.carry import CARRY_DIR, CarryError, build_bundles, main_sizes
 
     try:
         for line in fetch_all():  # .peers travels with bundle b
@@ -124,7 +124,7 @@ def _refresh(args) -> int:
 
 
 def _submit(args) -> int:
-    from rope_kernels.study import submit as sb
+    from rope_kernels.infra import submit as sb
     from rope_kernels.study.runner import ParameterError
 
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rope_kernels.study import carry
+from rope_kernels.infra import carry
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "device_setup.sh"

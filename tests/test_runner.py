@@ -145,7 +145,7 @@ def test_python_m_entry_point():
 
 
 def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
-    from rope_kernels.wheelhouse import TOOLCHAIN, pip_download_command, platform_tags
+    from rope_kernels.infra.wheelhouse import TOOLCHAIN, pip_download_command, platform_tags
 
     tags = platform_tags("manylinux_2_28_x86_64")
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from rope_kernels.__main__ import main
-from rope_kernels.study import submit as sb
+from rope_kernels.infra import submit as sb
 from rope_kernels.study.parameters import (MAX_YAML_BYTES, ParameterError, check_variants_run_here,
                                            load_profile, parse_override, resolve_parameters,
                                            study_parameters)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rope_kernels.__main__ import main
-from rope_kernels.study import submit as sb
+from rope_kernels.infra import submit as sb
 from rope_kernels.study.devices import REPO_ROOT
 from rope_kernels.study.runner import ParameterError
 

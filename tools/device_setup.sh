@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the CUDA peers (QuACK + cutlass-dsl, apache-tvm-ffi for SGLang's and FlashInfer's
 # JIT kernels) and the notebook toolchain on an air-gapped GPU node, from the two bundles
-# `python -m rope_kernels carry` builds (.carry/a, .carry/b; rope_kernels/study/carry.py).
+# `python -m rope_kernels carry` builds (.carry/a, .carry/b; rope_kernels/infra/carry.py).
 # Run from the repository root, in two device calls started back to back (/tmp lives
 # only while the machine stays warm):
 #   call 1, carrying .carry/a:          bash tools/device_setup.sh stage

@@ -5,7 +5,7 @@ all. QuACK needs nvidia-cutlass-dsl, whose cu13 libraries wheel alone is 88 MiB,
 the notebook toolchain (papermill, nbclient, ipykernel, nbval, ...) is another 21 MiB,
 so ``python -m rope_kernels carry`` packs two bundles, each at most ``BUNDLE_LIMIT``:
 
-- ``.carry/a``: the toolchain wheelhouse (``rope_kernels.wheelhouse``) and the first part of
+- ``.carry/a``: the toolchain wheelhouse (``rope_kernels.infra.wheelhouse``) and the first part of
   the cu13 wheel; call 1 stages it in /tmp/q on the node (``tools/device_setup.sh stage``).
 - ``.carry/b``: the other part and the peer wheels (QuACK, cutlass-dsl, apache-tvm-ffi,
   torch-c-dlpack-ext, msgspec, nvidia-ml-py); call 2 carries it with ``.peers`` (the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rope_kernels.peers.cache import sha256_file
 from rope_kernels.provenance import REPO_ROOT
-from rope_kernels.wheelhouse import NO_DEPS, TOOLCHAIN, build_wheelhouse, pip_download_command
+from rope_kernels.infra.wheelhouse import NO_DEPS, TOOLCHAIN, build_wheelhouse, pip_download_command
 
 MiB = 1 << 20
 BUNDLE_LIMIT = 56 * MiB  # what one call takes beside the ~6 MB checkout (64 MiB in all)
