@@ -2,8 +2,13 @@
 variants and copy references, each with its label, group, colour and display order.
 
 Plots, findings, targets, the index and the reports read names, labels, colours and order from
-here (nothing else keeps its own list); a new peer is one ``Entry`` added here beside its peer
-module. Importable without torch (the vocabulary layer).
+here (nothing else keeps its own list); ``vocabulary``'s variant tuples (known, own, peer, in
+place, encoder-only) are derived from it. A new RoPE peer is one ``Entry`` here naming its peer
+module (``module``) plus that module's ``rope_variant(name)`` (see ``variants``): the registry,
+the parameter checks, the plots' colours, the findings' tables and, for a ``contender``, the
+targets' like-for-like pairing pick it up with no other edit
+(``tests/test_catalogue.py`` registers a dummy peer to show it). Importable without torch (the
+vocabulary layer).
 
 Groups, in the order readers see them: ``ours`` (this project's kernels), ``engine`` (what a
 serving engine or kernel library ships, run from its own pinned files), ``baseline`` (PyTorch
@@ -30,6 +35,13 @@ class Entry:
     kinds: tuple[str, ...] = ("rope",)  # where the name occurs: KINDS
     inplace: bool = False  # rotates the caller's q/k (in-place peers pair with fused_inplace)
     description: str = ""  # one sentence for peers: what it is and how it is called
+    peer: bool = False  # someone else's code, run from their package (rows carry its version)
+    # a kernel a Kimi-K2.5 deployment would run instead of ours: the targets judge ours
+    # against it like for like (``targets.ENGINE_PEERS``)
+    contender: bool = False
+    # the module whose ``rope_variant(name)`` builds the registry's Variant ("": variants.py
+    # builds it itself)
+    module: str = ""
 
     def __post_init__(self):
         if self.group not in GROUPS:
@@ -37,6 +49,12 @@ class Entry:
         bad = [k for k in self.kinds if k not in KINDS]
         if bad:
             raise ValueError(f"catalogue entry {self.name!r}: unknown kinds {bad} (known: {KINDS})")
+        if self.contender and not (self.peer and "rope" in self.kinds):
+            raise ValueError(f"catalogue entry {self.name!r}: a contender is a peer RoPE kernel "
+                             "(peer=True, kinds with 'rope')")
+        if self.module and "rope" not in self.kinds:
+            raise ValueError(f"catalogue entry {self.name!r}: module builds a registry variant, "
+                             "which needs kinds with 'rope'")
         c = self.colour
         if not (isinstance(c, str) and len(c) == 7 and c[0] == "#"
                 and all(ch in "0123456789abcdefABCDEF" for ch in c[1:])):
@@ -45,7 +63,7 @@ class Entry:
 
 _ENTRIES: list[Entry] = [
     # -- ours ------------------------------------------------------------------------------
-    Entry("fused", "fused (ours)", "ours", "#d62728"),
+    Entry("fused", "fused (ours)", "ours", "#d62728", ("rope", "encoder")),
     Entry("fused_inplace", "fused in place (ours)", "ours", "#ff9da7", ("rope", "encoder"), inplace=True),
     Entry("gemm_epilogue", "RoPE in our Triton QKV GEMM", "ours", "#bcbd22", ("encoder",)),
     Entry("gemm_epilogue_cute", "RoPE in our CuTe DSL QKV GEMM", "ours", "#6b8e23", ("encoder",)),
@@ -54,40 +72,42 @@ _ENTRIES: list[Entry] = [
     Entry("qkv_rope_linear_cute", "our CuTe DSL QKV GEMM + RoPE", "ours", "#2f4f4f", ("qkv",)),
     # -- the engines' and kernel libraries' code, from their pinned files ------------------
     Entry("vllm_packed_qk", "vLLM `packed_qk_rope_`", "engine", "#1f77b4", ("rope", "encoder"), inplace=True,
-          description="vLLM's `packed_qk_rope_`, in place on the packed qkv, as `kimi_k25_vit.py` calls it"),
-    Entry("vllm_merged", "merged PR path (vLLM's kernel)", "engine", "#17becf", ("rope", "encoder"),
-          description="the path PR #50400 merged, with vLLM's bundled flash-attention `apply_rotary`"),
+          description="vLLM's `packed_qk_rope_`, in place on the packed qkv, as `kimi_k25_vit.py` calls it",
+          peer=True, contender=True),
     Entry("sglang_kimi_k25", "SGLang Kimi-K2.5 path (JIT CUDA)", "engine", "#4b0082", ("rope", "encoder"),
           description="SGLang's Kimi-K2.5 tower path: q/k/v made contiguous, then its JIT-compiled CUDA rope "
-                      "in place"),
+                      "in place", peer=True, contender=True),
     Entry("sglang_vision", "SGLang `vision_rope` (Triton)", "engine", "#9467bd", ("rope", "encoder"),
-          description="SGLang's Triton `apply_fused_qk_complex_rope` (out of place)"),
+          description="SGLang's Triton `apply_fused_qk_complex_rope` (out of place)", peer=True, contender=True),
     Entry("flashinfer", "FlashInfer", "engine", "#8c564b", ("rope", "encoder"), inplace=True,
-          description="FlashInfer `apply_rope_with_cos_sin_cache_inplace`"),
+          description="FlashInfer `apply_rope_with_cos_sin_cache_inplace`", peer=True, contender=True),
     Entry("quack_qkv", "QuACK `apply_rotary_emb_qkv_`", "engine", "#e377c2", ("rope", "encoder"), inplace=True,
-          description="QuACK `apply_rotary_emb_qkv_` in place on the packed qkv"),
+          description="QuACK `apply_rotary_emb_qkv_` in place on the packed qkv", peer=True, contender=True),
     Entry("quack_rotary", "QuACK `apply_rotary`", "engine", "#7b4173",
-          description="QuACK `apply_rotary`, out of place"),
-    Entry("liger", "Liger", "engine", "#ff7f0e", description="Liger-Kernel `llama4_rope`"),
-    Entry("gemm_epilogue_quack", "RoPE in QuACK's GEMM", "engine", "#4d004b", ("encoder",)),
-    Entry("quack_gemm_rope", "QuACK GEMM + RoPE epilogue", "engine", "#c51b7d", ("qkv",)),
-    Entry("quack_gemm", "QuACK GEMM (no RoPE)", "engine", "#de77ae", ("qkv",)),
+          description="QuACK `apply_rotary`, out of place", peer=True, contender=True),
+    Entry("vllm_merged", "merged PR path (vLLM's kernel)", "engine", "#17becf", ("rope", "encoder"),
+          description="the path PR #50400 merged, with vLLM's bundled flash-attention `apply_rotary`",
+          peer=True),
+    Entry("liger", "Liger", "engine", "#ff7f0e", description="Liger-Kernel `llama4_rope`", peer=True),
+    Entry("gemm_epilogue_quack", "RoPE in QuACK's GEMM", "engine", "#4d004b", ("encoder",), peer=True),
+    Entry("quack_gemm_rope", "QuACK GEMM + RoPE epilogue", "engine", "#c51b7d", ("qkv",), peer=True),
+    Entry("quack_gemm", "QuACK GEMM (no RoPE)", "engine", "#de77ae", ("qkv",), peer=True),
     # -- baselines --------------------------------------------------------------------------
     Entry("native", "native (PyTorch complex)", "baseline", "#222222", ("rope", "encoder")),
     Entry("compiled", "torch.compile", "baseline", "#2ca02c",
-          description="torch.compile (Inductor) of the cos/sin form"),
+          description="torch.compile (Inductor) of the cos/sin form", peer=True),
     Entry("vllm_merged_recreated", "merged path, our re-creation", "baseline", "#9edae5", ("rope", "encoder")),
     Entry("cublas_linear", "cuBLAS (no RoPE)", "baseline", "#000080", ("qkv",)),
     Entry("cublas_linear+fused_rope", "cuBLAS + fused RoPE", "baseline", "#ffbb78", ("qkv",)),
-    Entry("compile_max_autotune", "torch.compile max-autotune", "baseline", "#98df8a", ("qkv",)),
+    Entry("compile_max_autotune", "torch.compile max-autotune", "baseline", "#98df8a", ("qkv",), peer=True),
     # -- references: limits and floors ---------------------------------------------------------
     Entry("none", "RoPE skipped (the floor)", "reference", "#a0a0a0", ("encoder",)),
     Entry("copy", "copy ceiling", "reference", "#5f5f5f", ("copy",)),
     Entry("copy_sm", "same-bytes SM copy", "reference", "#c7c7c7", ("copy",)),
     Entry("qkv_gemm_rotation_compiled_out", "our Triton QKV GEMM, rotation compiled out", "reference",
-          "#e7969c", ("qkv",)),
+          "#b8860b", ("qkv",)),
     Entry("qkv_cute_rotation_compiled_out", "our CuTe QKV GEMM, rotation compiled out", "reference",
-          "#8fbc8f", ("qkv",)),
+          "#6a3d9a", ("qkv",)),
 ]
 
 CATALOGUE: dict[str, Entry] = {}
@@ -121,7 +141,23 @@ def order_key(name: str) -> tuple[int, int, str]:
     return (GROUPS.index(e.group), list(CATALOGUE).index(name), name)
 
 
-def names(kind: str | None = None, group: str | None = None) -> tuple[str, ...]:
-    """Names in display order, optionally of one kind and/or group."""
+def names(kind: str | None = None, group: str | None = None, **fields: bool) -> tuple[str, ...]:
+    """Names in display order, optionally of one kind and/or group, and with the given
+    flags (e.g. ``peer=True``, ``inplace=False``)."""
+    bad = sorted(set(fields) - {"inplace", "peer", "contender"})
+    if bad:
+        raise TypeError(f"catalogue.names: unknown flags {bad} (known: inplace, peer, contender)")
     return tuple(n for n, e in CATALOGUE.items()
-                 if (kind is None or kind in e.kinds) and (group is None or e.group == group))
+                 if (kind is None or kind in e.kinds) and (group is None or e.group == group)
+                 and all(getattr(e, f) == want for f, want in fields.items()))
+
+
+def ordered(variants) -> list[str]:
+    """``variants`` (each once) in display order: catalogue order, unknown names last by name."""
+    return sorted(dict.fromkeys(variants), key=order_key)
+
+
+def label(name: str) -> str:
+    """The name's label (a name the catalogue does not hold: itself, in backticks)."""
+    e = CATALOGUE.get(name)
+    return e.label if e is not None else f"`{name}`"

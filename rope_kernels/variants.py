@@ -234,6 +234,40 @@ def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
     return out
 
 
+def _catalogued_peers(status: list[PeerStatus], built: set[str]) -> list[Variant]:
+    """Peers the catalogue names with a ``module`` (and this file does not build itself):
+    that module's ``rope_variant(name)`` returns a dict of ``package`` (str),
+    ``available`` (() -> (runs here, why not)), ``source`` (() -> (version, sha256,
+    origin)) and the ``Variant`` fields (``fn``, ``launches``, ``launches_fp32``, ...;
+    ``inplace`` and ``description`` default to the catalogue's). Adding such a peer
+    touches its module and the catalogue only."""
+    import importlib
+
+    from rope_kernels.catalogue import CATALOGUE
+
+    out = []
+    for entry in CATALOGUE.values():
+        if not entry.module or entry.name in built or "rope" not in entry.kinds:
+            continue
+        try:
+            spec = dict(importlib.import_module(entry.module).rope_variant(entry.name))
+            package, available, where = spec.pop("package"), spec.pop("available"), spec.pop("source")
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot load is absent, with why
+            status.append(PeerStatus(entry.name, False, f"{type(exc).__name__}: {exc}", "", "", "", ""))
+            continue
+        ok, reason = available()
+        if not ok:
+            status.append(PeerStatus(entry.name, False, reason, package, "", "", ""))
+            continue
+        version, sha, origin = where()
+        status.append(PeerStatus(entry.name, True, "", package, version, sha, origin))
+        spec.setdefault("inplace", entry.inplace)
+        spec.setdefault("description", entry.description)
+        out.append(Variant(entry.name, peer_package=package, peer_version=version,
+                           peer_sha256=sha, **spec))
+    return out
+
+
 def _liger_columns() -> dict[str, str]:
     import liger_kernel.ops.llama4_rope as llama4_rope
 
@@ -273,11 +307,12 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
                                  "liger-kernel", "", "", ""))
     status.append(PeerStatus("compiled", True, "", "torch", torch.__version__, "", "installed"))
     variants += _optional_peers(status)
+    variants += _catalogued_peers(status, {v.name for v in variants} | {s.name for s in status})
     return {v.name: v for v in variants}, status
 
 
 # Every name the registry can hold, present here or not, is ``KNOWN_VARIANTS``
-# (vocabulary.py, importable without torch): parameters are checked against it
+# (vocabulary.py from catalogue.py, importable without torch): parameters are checked against it
 # before anything runs, and tests parametrize over it (an absent peer skips, with why).
 _REGISTRY: tuple[dict[str, Variant], list[PeerStatus]] | None = None
 
@@ -294,11 +329,13 @@ def _built() -> tuple[dict[str, Variant], list[PeerStatus]]:
     if _REGISTRY is None:
         variants, status = _build()
         unknown = sorted(set(variants) - set(KNOWN_VARIANTS))
-        if unknown:  # a new variant must be declared in KNOWN_VARIANTS too
-            raise RuntimeError(f"variants {unknown} are missing from KNOWN_VARIANTS")
+        if unknown:  # a new variant must have a catalogue entry of kind "rope" too
+            raise RuntimeError(f"variants {unknown} are missing from KNOWN_VARIANTS "
+                               "(rope_kernels/catalogue.py)")
         wrong = sorted(n for n, v in variants.items() if v.inplace != (n in IN_PLACE_VARIANTS))
         if wrong:  # vocabulary.IN_PLACE_VARIANTS answers "in place?" without the registry
-            raise RuntimeError(f"variants {wrong}: Variant.inplace disagrees with IN_PLACE_VARIANTS")
+            raise RuntimeError(f"variants {wrong}: Variant.inplace disagrees with the catalogue's "
+                               "inplace (IN_PLACE_VARIANTS)")
         _REGISTRY = variants, status
     return _REGISTRY
 

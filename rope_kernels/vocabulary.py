@@ -4,29 +4,38 @@ from an image resolution to a patch grid (so the notebook specs can check a
 parameter before anything runs, and ``--help`` stays fast).
 
 The library reads these names from here (``variants.py``, ``model/vit.py``,
-``kernels/freqs.py``); nothing here imports the rest of the package.
+``kernels/freqs.py``); the variant names are derived from ``catalogue.py`` (the one
+list of every variant); nothing here imports the rest of the package.
 """
 
 from __future__ import annotations
 
 import math
 
+from rope_kernels.catalogue import names as _catalogued
+
 # -- variants ----------------------------------------------------------------------
 # Every name the registry (``variants.registry()``) can hold, whether it runs here
-# or not: this project's own implementations, then other people's code.
-OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
-PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
-                 "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")
+# or not: the catalogue's RoPE kernels, this project's own implementations, then other
+# people's code (``Entry.peer``).
+OWN_VARIANTS = _catalogued("rope", peer=False)
+PEER_VARIANTS = _catalogued("rope", peer=True)
 KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
 # Those that rotate q and k where they are (the registry's ``Variant.inplace``; the
 # registry refuses to build when the two disagree), known without loading any peer.
-IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv")
-# The encoder also knows "none" (RoPE skipped: the floor), "gemm_epilogue" (q
-# and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
-# step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs
-# with nvidia-cutlass-dsl only) and "gemm_epilogue_quack" (the same in QuACK's GEMM;
-# only where QuACK runs).
-ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_quack")
+IN_PLACE_VARIANTS = _catalogued("rope", inplace=True)
+# RoPE modes only the encoder knows: "none" (RoPE skipped: the floor), "gemm_epilogue"
+# (q and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
+# step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs with
+# nvidia-cutlass-dsl only) and "gemm_epilogue_quack" (the same in QuACK's GEMM; only
+# where QuACK runs): the catalogue's encoder names that are no registry variant.
+ENCODER_ONLY_ROPE = tuple(n for n in _catalogued("encoder") if n not in KNOWN_VARIANTS)
+# Kimi-K2.5's vision tower per rank, as the study times it: head_dim, heads per rank at
+# TP 1, 4 and 8, and the token counts of 1, 4, 8 and 16 images of 1024x1024 (computed
+# below from Kimi's resize rule: 5476, 21904, 43808, 87616).
+KIMI_HEAD_DIM = 72
+KIMI_HEADS = (16, 4, 2)
+KIMI_IMAGES = (1, 4, 8, 16)
 # How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 ENCODERS = ("small", "kimi_k25")
@@ -95,3 +104,6 @@ def resolution_tokens(resolution: str) -> int:
     """Vision tokens (before the 2x2 merge) of one image of ``resolution``."""
     t, h, w = image_patch_grid(*parse_resolution(resolution))
     return t * h * w
+
+
+KIMI_TOKENS = tuple(n * resolution_tokens("1024x1024") for n in KIMI_IMAGES)

@@ -10,6 +10,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
+from rope_kernels import catalogue  # noqa: E402
 from rope_kernels.study import plots  # noqa: E402
 
 NAMED = ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "vllm_merged",
@@ -143,14 +144,11 @@ def test_rate_error_bars_follow_the_time_spread():
 
 
 # Variants one plot shows together: each pair must look different.
+# What one plot shows together: the catalogue's names of each kind (kernel plots add the copies).
 PLOT_GROUPS = {
-    "kernel": ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "sglang_kimi_k25",
-               "vllm_merged", "vllm_merged_recreated", "compiled", "liger", "flashinfer", "quack_qkv",
-               "quack_rotary", "copy", "copy_sm"],
-    "encoder": ["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision", "sglang_kimi_k25",
-                "vllm_merged", "gemm_epilogue", "none", "flashinfer", "quack_qkv"],
-    "qkv": ["cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune", "quack_gemm_rope",
-            "qkv_rope_linear", "qkv_rope_linear_angles"],
+    "kernel": list(catalogue.names("rope") + catalogue.names("copy")),
+    "encoder": list(catalogue.names("encoder")),
+    "qkv": list(catalogue.names("qkv")),
 }
 
 

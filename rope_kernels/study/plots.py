@@ -1,6 +1,6 @@
 """The study's plots and table headers, shared by the notebooks.
 
-One colour per variant in every plot (``VARIANT_COLORS``; unknown names get a
+One colour per variant in every plot (the catalogue's; unknown names get a
 stable fallback), one line style per image resolution, p20-p80 error bars,
 legends outside the data, panels wrapped a few per row, and a caveat printed on
 any plot of CPU (Triton interpreter, wall clock) timings. Every function plots
@@ -20,42 +20,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from rope_kernels.catalogue import CATALOGUE
 from rope_kernels.study.targets import ENCODER_BUCKET
 
-# Distinct hues for the variants one plot shows together (a test keeps every pair of
-# kernel, encoder and QKV-GEMM variants apart): ours red/pink, vLLM blue/cyan, SGLang
-# purple/indigo, the copy references and baselines grey/black.
-VARIANT_COLORS = {
-    "native": "#222222",
-    "none": "#a0a0a0",
-    "copy": "#5f5f5f",
-    "copy_sm": "#c7c7c7",
-    "fused": "#d62728",
-    "fused_inplace": "#ff9da7",
-    "vllm_packed_qk": "#1f77b4",
-    "vllm_merged": "#17becf",
-    "vllm_merged_recreated": "#9edae5",
-    "sglang_vision": "#9467bd",
-    "sglang_kimi_k25": "#4b0082",
-    "compiled": "#2ca02c",
-    "liger": "#ff7f0e",
-    "flashinfer": "#8c564b",
-    "quack_qkv": "#e377c2",
-    "quack_rotary": "#7b4173",
-    "gemm_epilogue": "#bcbd22",
-    "cublas_linear": "#000080",
-    "cublas_linear+fused_rope": "#ffbb78",
-    "compile_max_autotune": "#98df8a",
-    "quack_gemm_rope": "#c51b7d",
-    "qkv_rope_linear": "#8b0000",
-    "qkv_rope_linear_angles": "#c49c94",
-    "qkv_gemm_rotation_compiled_out": "#e7969c",
-    "quack_gemm": "#de77ae",
-    "gemm_epilogue_quack": "#4d004b",
-    "gemm_epilogue_cute": "#6b8e23",
-    "qkv_rope_linear_cute": "#2f4f4f",
-    "qkv_cute_rotation_compiled_out": "#8fbc8f",
-}
+# One colour per variant, from the catalogue (distinct hues for the variants one plot shows
+# together; a test keeps every pair of kernel, encoder and QKV-GEMM variants apart).
+VARIANT_COLORS = {name: e.colour for name, e in CATALOGUE.items()}
 _FALLBACK_COLORS = ("#637939", "#7b4173", "#843c39", "#3182bd", "#a55194", "#6b6ecf",
                     "#bd9e39", "#ad494a", "#5254a3", "#8ca252")
 _LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
@@ -98,9 +68,10 @@ _SUFFIX_UNITS = (("_speedup_vs_native", "speedup vs native [x]"),
 
 
 def variant_color(name: str) -> str:
-    """The variant's colour in every plot; unknown names map to a stable fallback."""
-    if name in VARIANT_COLORS:
-        return VARIANT_COLORS[name]
+    """The variant's colour in every plot (the catalogue's); unknown names map to a stable
+    fallback."""
+    if name in CATALOGUE:
+        return CATALOGUE[name].colour
     digest = int(hashlib.sha1(name.encode()).hexdigest(), 16)
     return _FALLBACK_COLORS[digest % len(_FALLBACK_COLORS)]
 

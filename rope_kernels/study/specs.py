@@ -325,10 +325,20 @@ def _no_cache_hint(old):
     return pd.Series("none", index=old.index)
 
 
+# Every result file's name under data/<device>/, spelled here only.
+MICROBENCH_CSV = "microbench.csv"
+FUSED_CONFIGS_CSV = "fused_configs.csv"
+CORRECTNESS_CSV = "correctness.csv"
+LAUNCHES_CSV = "launches.csv"
+ENCODER_LATENCY_CSV = "encoder_latency.csv"
+QKV_GEMM_CSV = "qkv_gemm.csv"
+QKV_GEMM_SWEEP_CSV = "qkv_gemm_sweep.csv"
+QKV_GEMM_CONFIGS_CSV = "qkv_gemm_configs.csv"
+
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
 RESULT_FILES: dict[str, Table] = {
-    "microbench.csv": Table(MICROBENCH_KEY,
+    MICROBENCH_CSV: Table(MICROBENCH_KEY,
                             added=PEER_COLUMNS + ("rounds", "round_positions", "order_seed",
                                                   "in_place", "same_bytes_copy_us",
                                                   "pct_of_same_bytes_copy",
@@ -340,7 +350,7 @@ RESULT_FILES: dict[str, Table] = {
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
                             # superseded by the SM same-bytes copy above.
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
-    "fused_configs.csv": Table(("tokens", "heads", "head_dim", "dtype", "mode", "strategy",
+    FUSED_CONFIGS_CSV: Table(("tokens", "heads", "head_dim", "dtype", "mode", "strategy",
                                 "block_t", "block_h", "num_warps", "programs_per_sm",
                                 "in_place", "load_eviction_policy", "store_cache_modifier",
                                 "device_name"),
@@ -354,13 +364,13 @@ RESULT_FILES: dict[str, Table] = {
                                # the tiles kernel was the default strategy, "grid", until
                                # whole-token rows became the default
                                recoded={"strategy": {"grid": "tiles"}}),
-    "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
+    CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
                              added=PEER_COLUMNS + ("seed",)),
-    "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
+    LAUNCHES_CSV: Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
                           added=PEER_COLUMNS),
     # The vision encoder's measured latency (notebook 04), called ttft.csv until
     # time to first token (encoder + modelled prefill) was added beside it.
-    "encoder_latency.csv": Table(
+    ENCODER_LATENCY_CSV: Table(
         ENCODER_LATENCY_KEY, formerly=("ttft.csv",),
         renamed={"rope_share": "profiled_rope_share", "rope_device_ms": "profiled_rope_device_ms",
                  "peak_mem_mb": "profiled_peak_mem_mb"},
@@ -371,10 +381,10 @@ RESULT_FILES: dict[str, Table] = {
     # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
     # one per swept variant x config
     # QuACK's rows name its package, version and source hash (rows before 2026-12-03: empty)
-    "qkv_gemm.csv": Table(QKV_KEY, added=PEER_COLUMNS),
-    "qkv_gemm_sweep.csv": Table(QKV_SWEEP_KEY, added=PEER_COLUMNS),
+    QKV_GEMM_CSV: Table(QKV_KEY, added=PEER_COLUMNS),
+    QKV_GEMM_SWEEP_CSV: Table(QKV_SWEEP_KEY, added=PEER_COLUMNS),
     # the QKV GEMM config probe's rows (tools/qkv_probe.py, one GPU run), not a notebook's
-    "qkv_gemm_configs.csv": Table(("variant", "config") + QKV_KEY[1:]),
+    QKV_GEMM_CONFIGS_CSV: Table(("variant", "config") + QKV_KEY[1:]),
 }
 
 _DEVICE = Param("auto", by_runner=True)  # auto | cpu | cuda | rocm
@@ -389,7 +399,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "variants": Param([], variant_names(allow_empty=True), variants=True),
         "seed": Param(0),
         "data_dir": _DATA_DIR,
-    }, writes=("correctness.csv",), delivers="correctness.csv"),
+    }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),
     NotebookSpec("02_microbench", {
         "device": _DEVICE,
         "variants": Param([], variant_names(allow_empty=True), variants=True),
@@ -402,7 +412,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "sweep_shapes": Param([[8192, 16, 72]], _SHAPE_LIST),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
-    }, writes=("microbench.csv", "fused_configs.csv"), delivers="microbench.csv",
+    }, writes=(MICROBENCH_CSV, FUSED_CONFIGS_CSV), delivers=MICROBENCH_CSV,
         shard=Shard("families", _family_rows, after_first={"config_sweep": False})),
     NotebookSpec("03_profile", {
         "device": _DEVICE,
@@ -414,7 +424,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "variants": Param([], variant_names(allow_empty=True), variants=True),
         "data_dir": _DATA_DIR,
         "report_dir": Param("", by_runner=True),
-    }, writes=("launches.csv",), delivers="launches.csv", report_extras=("traces/",)),
+    }, writes=(LAUNCHES_CSV,), delivers=LAUNCHES_CSV, report_extras=("traces/",)),
     NotebookSpec("04_ttft", {
         "device": _DEVICE,
         "encoder": Param("small", one_of(ENCODERS)),
@@ -440,7 +450,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "seed": Param(0),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
-    }, writes=("encoder_latency.csv",), delivers="encoder_latency.csv",
+    }, writes=(ENCODER_LATENCY_CSV,), delivers=ENCODER_LATENCY_CSV,
         shard=Shard("resolutions", lambda item: {"resolution": [item]}),
         checks=(_some_bucket_fits,)),
     NotebookSpec("05_qkv_gemm", {
@@ -450,7 +460,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "qkv_compile_budget_s": Param(60, at_least(0)),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
-    }, writes=("qkv_gemm.csv", "qkv_gemm_sweep.csv"), delivers="qkv_gemm.csv"),
+    }, writes=(QKV_GEMM_CSV, QKV_GEMM_SWEEP_CSV), delivers=QKV_GEMM_CSV),
     NotebookSpec("06_summary", {
         "data_root": Param("../data"),
         # committed: devices git tracks (nbval's default); all: local runs too (the runner sets it)

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from rope_kernels import catalogue
 from rope_kernels.study.results import TABLES, current_file, read_table
+from rope_kernels.study.specs import ENCODER_LATENCY_CSV, MICROBENCH_CSV
+from rope_kernels.study.targets import PR_TABLE_CSV as PR_TABLE
+from rope_kernels.vocabulary import KIMI_HEAD_DIM, KIMI_HEADS
 
-KIMI = (16, 72)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
-PR_TABLE = Path(__file__).resolve().parents[2] / "data" / "reference" / "pr50400_table.csv"
+KIMI = (KIMI_HEADS[0], KIMI_HEAD_DIM)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
 
 
 def load_device_tables(data_root: Path, name: str, device_folders: str = "all") -> pd.DataFrame:
@@ -125,7 +128,7 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
                 row["encoder_fused_ms"] = at["fused"]
                 row["encoder_saving_ms"] = at["native"] - at["fused"]
                 row["encoder_saving_pct"] = 100 * (at["native"] - at["fused"]) / at["native"]
-                for v in ("vllm_packed_qk", "sglang_vision", "sglang_kimi_k25", "vllm_merged"):
+                for v in catalogue.names("encoder", "engine"):  # the engines' RoPE in the encoder
                     if v in at.index:
                         row[f"encoder_saving_pct_{v}"] = 100 * (at["native"] - at[v]) / at["native"]
     return row
@@ -156,8 +159,8 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     "all" (every folder, local runs included) or "committed" (only folders git
     tracks: the same table on every clone, what nbval compares; every folder when
     the tree has no git)."""
-    micro = load_device_tables(data_root, "microbench.csv", device_folders)
-    ttft = load_device_tables(data_root, "encoder_latency.csv", device_folders)
+    micro = load_device_tables(data_root, MICROBENCH_CSV, device_folders)
+    ttft = load_device_tables(data_root, ENCODER_LATENCY_CSV, device_folders)
     pr = pd.read_csv(PR_TABLE) if PR_TABLE.exists() else None
     folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))
                      | set(ttft.get("device_folder", pd.Series(dtype=str))))

@@ -32,17 +32,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from rope_kernels import catalogue
+from rope_kernels.provenance import REPO_ROOT
+from rope_kernels.study.specs import CORRECTNESS_CSV, ENCODER_LATENCY_CSV, MICROBENCH_CSV, QKV_GEMM_CSV, RESULT_FILES
+from rope_kernels.vocabulary import KIMI_HEAD_DIM, KIMI_HEADS, KIMI_IMAGES, KIMI_TOKENS
+
 VERDICTS = ("met", "missed", "within noise", "not measured")
-KIMI_TOKENS = (5476, 21904, 43808, 87616)  # 1, 4, 8 and 16 images of 1024x1024
-KIMI_HEADS = (16, 4, 2)  # heads per rank at TP 1, 4, 8
-KIMI_SHAPES = tuple((t, h, 72) for h, t in product(KIMI_HEADS, KIMI_TOKENS))
-OURS = ("fused", "fused_inplace")  # our standalone kernel, out of place and in place
-# The engines' shipped kernels a Kimi-K2.5 deployment would use instead of ours:
-# each is judged like for like; one that did not run reads "not measured".
-ENGINE_PEERS = ("vllm_packed_qk", "sglang_vision", "sglang_kimi_k25", "flashinfer", "quack_qkv",
-                "quack_rotary")
-ENCODER_BUCKET = ("1024x1024", 16)  # resolution, images: 87,616 vision tokens
-QKV_TOKENS = (21904, 43808, 87616)
+KIMI_SHAPES = tuple((t, h, KIMI_HEAD_DIM) for h, t in product(KIMI_HEADS, KIMI_TOKENS))
+OURS = catalogue.names("rope", "ours")  # our standalone kernel, out of place and in place
+# The engines' shipped kernels a Kimi-K2.5 deployment would use instead of ours (the
+# catalogue's contenders): each is judged like for like; one that did not run reads
+# "not measured".
+ENGINE_PEERS = catalogue.names("rope", contender=True)
+ENCODER_BUCKET = ("1024x1024", KIMI_IMAGES[-1])  # resolution, images: 87,616 vision tokens
+QKV_TOKENS = KIMI_TOKENS[1:]  # 4, 8 and 16 images
 COLD, WARM = "cudagraph", "cudagraph_warm"
 KIND_NAMES = ("time_ratio", "copy_fraction", "pr_table", "encoder_paired", "encoder_floor_gap",
               "encoder_saving", "encoder_cost", "qkv_ratio")
@@ -106,8 +109,8 @@ def _peer_targets() -> list[Target]:
 
 
 # Our RoPE-in-the-QKV-GEMM kernels: the Triton one (table, angles), the CuTe DSL one
-QKV_OURS = ("qkv_rope_linear", "qkv_rope_linear_angles", "qkv_rope_linear_cute")
-GEMM_EPILOGUES = ("gemm_epilogue", "gemm_epilogue_cute")  # the same in the encoder
+QKV_OURS = catalogue.names("qkv", "ours")
+GEMM_EPILOGUES = tuple(n for n in catalogue.names("encoder", "ours") if n not in OURS)  # the same in the encoder
 
 TARGETS: tuple[Target, ...] = (
     Target("vllm_2x_16_heads", "ours at least 2.0x vLLM 0.33 packed_qk_rope_ at 16 x 72, every token count",
@@ -182,13 +185,12 @@ def targets_for(table: str) -> list[Target]:
 
 # -- reading a device's rows -------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PR_TABLE_CSV = REPO_ROOT / "data" / "reference" / "pr50400_table.csv"
 # Each table the targets read, by the file names it has had (newest first).
-TABLE_FILES = {"microbench": ("microbench.csv",), "encoder": ("encoder_latency.csv", "ttft.csv"),
-               "qkv_gemm": ("qkv_gemm.csv",),
-               # not judged: read for why a peer has no timed rows (refused or absent)
-               "correctness": ("correctness.csv",)}
+TABLE_FILES = {table: (name, *RESULT_FILES[name].formerly) for table, name in (
+    ("microbench", MICROBENCH_CSV), ("encoder", ENCODER_LATENCY_CSV), ("qkv_gemm", QKV_GEMM_CSV),
+    # not judged: read for why a peer has no timed rows (refused or absent)
+    ("correctness", CORRECTNESS_CSV))}
 
 
 def table_file(device_dir: Path, table: str) -> Path | None:
@@ -243,17 +245,16 @@ def _truthy(value) -> bool | None:
 
 def in_place(rows: pd.DataFrame, variant: str) -> bool | None:
     """Whether ``variant`` rotates its inputs in place: the rows' ``in_place``
-    column where it has a value, else the registry's ``Variant.inplace`` (as
-    ``vocabulary.IN_PLACE_VARIANTS`` states it); None for a name neither knows."""
+    column where it has a value, else the registry's ``Variant.inplace`` (as the
+    catalogue's ``Entry.inplace`` states it); None for a name neither knows."""
     if "in_place" in rows.columns and "variant" in rows.columns:
         for value in rows.loc[rows["variant"] == variant, "in_place"]:
             known = _truthy(value)
             if known is not None:
                 return known
-    from rope_kernels.vocabulary import IN_PLACE_VARIANTS, KNOWN_VARIANTS
-
     # the registry's answer without building it (loading every peer to read one flag)
-    return (variant in IN_PLACE_VARIANTS) if variant in KNOWN_VARIANTS else None
+    entry = catalogue.entry(variant)
+    return entry.inplace if entry is not None and "rope" in entry.kinds else None
 
 
 def _ceiling(rows: pd.DataFrame) -> pd.Series:
