@@ -442,3 +442,41 @@ def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = N
                      marker=resolution_style(r, res)[1], label=r) for r in res]
     return finish(fig, savings, _variant_handles(names), extra=styles,
                   title="bars: the prefill band's ends")
+
+
+def headline_bars(values: pd.Series, xlabel: str, *, highlight: Sequence[str] = (), title: str = "",
+                  reference: float | None = None, fmt: str = "{:.1f}"):
+    """One horizontal bar per variant, grouped as the catalogue groups them (ours, the engines',
+    baselines, references; a thin gap between groups), each in its catalogue colour; the
+    ``highlight``ed variants solid and labelled with their value, the rest faded. A report's
+    first figure: one number per variant at the shape that matters."""
+    from rope_kernels import catalogue
+
+    values = values[[v for v in values.index if pd.notna(values[v]) and np.isfinite(float(values[v]))]]
+    order = sorted(values.index, key=catalogue.order_key)
+    groups = [(catalogue.entry(v).group if catalogue.entry(v) else "other") for v in order]
+    y, pos, last = [], 0.0, None
+    for g in groups:
+        if last is not None and g != last:
+            pos += 0.6
+        y.append(pos)
+        pos, last = pos + 1, g
+    fig, ax = plt.subplots(figsize=(8.6, 0.32 * len(order) + 1.3), layout="constrained")
+    for v, yy in zip(order, y):
+        solid = not highlight or v in highlight
+        ax.barh(yy, float(values[v]), color=variant_color(v), alpha=1.0 if solid else 0.3, height=0.8)
+        if solid:
+            ax.annotate(fmt.format(float(values[v])), xy=(float(values[v]), yy), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=9)
+    e = {v: catalogue.entry(v) for v in order}
+    ax.set_yticks(y, [(e[v].label.replace("`", "") if e[v] else v) + ("" if e[v] is None else
+                       f"  [{e[v].group}]") for v in order])
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    if reference is not None:
+        ax.axvline(reference, color="k", lw=0.8, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.12)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    return fig
