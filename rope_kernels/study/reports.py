@@ -160,7 +160,7 @@ def _figure_output(spec: dict):
     with matplotlib.rc_context({"figure.dpi": 100, "font.size": 10}):
         fig = headline_bars(spec["values"], spec["xlabel"], highlight=spec["highlight"],
                             reference=spec["reference"], fmt=spec["fmt"],
-                            title="Solid: ours, native and the engines' kernels that matter here; faded: the rest")
+                            title="solid: those the text names; faded: the rest")
         buf = io.BytesIO()
         fig.savefig(buf, format="png", metadata={"Software": None})
         plt.close(fig)
@@ -291,6 +291,8 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2r
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
 th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
+.what-we-found { border-left: 4px solid #d62728; padding: 0.2rem 1rem; background: #fafafa; }
+.what-we-found li { margin: 0.3rem 0; } table.answer td:nth-child(2) { color: #555; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
 .note { color: #555; font-size: 0.9rem; }
 """
@@ -325,14 +327,8 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              "<title>Vision RoPE kernel study: reports</title>",
              f"<style>{_CSS}</style></head><body>",
-             "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>",
-             "<p class='note'>Every figure below was measured by this project's runner; "
-             "device, versions and commit are in each report and in every row of data/.</p>"]
-    parts.append("<h2>Summary per device</h2>")
-    if summary.empty:
-        parts.append("<p>No results yet: run <code>make study</code>.</p>")
-    else:
-        parts.append(_summary_table(summary))
+             "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>"]
+    parts += _answer(root, [d.name for d in devices_with_reports], summary)
     parts.append("<h2>Reports</h2>")
     for dev in devices_with_reports:
         pages = sorted(dev.glob("*.html"))
@@ -341,14 +337,67 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
         parts.append(f"<h3>{html.escape(dev.name)}</h3><ul>")
         for page in pages:
             href = relative_href(page.relative_to(reports))
-            parts.append(f"<li><a href='{html.escape(href)}'>{html.escape(page.stem)}</a></li>")
+            question = _questions().get(page.stem, "")
+            parts.append(f"<li><a href='{html.escape(href)}'>{html.escape(page.stem)}</a>"
+                         + (f": {html.escape(question)}" if question else "") + "</li>")
         parts.append("</ul>")
+    parts.append("<h2>Headline figures per device</h2>")
+    parts.append("<p class='note'>Every figure was measured by this project's runner; device, versions and "
+                 "commit are in each report and in every row of data/.</p>")
+    if summary.empty:
+        parts.append("<p>No results yet: run <code>make study</code>.</p>")
+    else:
+        parts.append(_device_details(summary))
     parts.append("</body></html>")
     out = reports / "index.html"
     page = "\n".join(parts) + "\n"
     if not out.exists() or out.read_text() != page:
         write_atomic(out, page)
     return out
+
+
+def _questions() -> dict:
+    from rope_kernels.study.summaries import QUESTIONS
+
+    return QUESTIONS
+
+
+def _answer(root: Path, report_devices: list[str], summary: pd.DataFrame) -> list[str]:
+    """The study's answer on one device (the findings' device where it has rows, else the first
+    with rows): a few generated sentences and a table of variants that fits a laptop screen."""
+    from rope_kernels.study import summaries
+    from rope_kernels.study.findings import DEVICE
+
+    with_rows = [d for d in (summary["device"] if "device" in summary.columns else [])
+                 if (root / "data" / d).is_dir()]
+    if not with_rows:
+        return []
+    device = DEVICE if DEVICE in with_rows else sorted(with_rows)[0]
+    files = summaries.load(root / "data" / device)
+    out = [f"<h2>The answer (on {html.escape(device)})</h2>",
+           "<div class='what-we-found'><ul>"
+           + "".join(f"<li>{summaries.inline_html(s)}</li>" for s in summaries.study_lines(files)) + "</ul>",
+           "<p><b>What to ship</b></p><ul>"
+           + "".join(f"<li>{summaries.inline_html(s)}</li>" for s in summaries.ship_lines(files)) + "</ul></div>"]
+    table = summaries.answer_table(files)
+    if len(table):
+        out.append(table.to_html(index=False, border=0, classes="answer"))
+        out.append("<p class='note'>Kernel: median per call, cold L2, CUDA graphs; encoder: median forward of "
+                   "the MoonViT-shaped encoder, CUDA graphs; '-': not measured for that variant. Generated from "
+                   f"<code>data/{html.escape(device)}/</code> by <code>rope_kernels/study/summaries.py</code>.</p>")
+    if device in report_devices:
+        out.append(f"<p>Open <a href='{html.escape(relative_href(Path(device) / '02_microbench.html'))}'>the "
+                   "kernel report</a> or pick a report below.</p>")
+    return out
+
+
+def _device_details(summary: pd.DataFrame) -> str:
+    """The per-device summary (``_summary_table``) with devices as columns: one figure a row."""
+    table = _summary_frame(summary)
+    if _COLUMNS["device"] not in table.columns:
+        return table.to_html(index=False, border=0)
+    wide = table.set_index(_COLUMNS["device"]).T
+    return wide.rename_axis("figure").reset_index().to_html(index=False, border=0)
 
 
 _COLUMNS = {
@@ -375,6 +424,11 @@ _INTEGER_COLUMNS = ("kimi_tokens", "encoder_images")
 def _summary_table(summary: pd.DataFrame) -> str:
     """The summary as an HTML table: counts as integers, measurements to 2 decimals,
     missing values as '-' (one scalar per cell; anything else is a bug upstream)."""
+    return _summary_frame(summary).to_html(index=False, border=0)
+
+
+def _summary_frame(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary's cells as text under their labelled headers (see ``_summary_table``)."""
     labels = dict(_COLUMNS)
     ratios = {c: f"time of {c.removeprefix('ratio_')} / time of ours (16x72, most tokens, cold; "
                  "in place vs fused_inplace, else vs fused)"
@@ -402,5 +456,4 @@ def _summary_table(summary: pd.DataFrame) -> str:
             return f"{v:.2f}"
         return str(v)
 
-    table = pd.DataFrame({labels[c]: [cell(c, v) for v in summary[c]] for c in cols})
-    return table.to_html(index=False, border=0)
+    return pd.DataFrame({labels[c]: [cell(c, v) for v in summary[c]] for c in cols})

@@ -215,8 +215,23 @@ def ship_lines(files: dict) -> list[str]:
                      f"({100 * (med[shipped] - med[ours]) / med[shipped]:.1f}% less)")
         else:
             line += f"; the encoder at {n} x {res}: not measured"
-        out.append(line + ".")
+        out.append(line + "." + _own_alternatives(at, med, shipped))
     return out
+
+
+def _own_alternatives(at: pd.DataFrame, med: pd.Series, shipped: str) -> str:
+    """The engine's own other kernels that beat what its tower calls (same package), if any."""
+    if "peer_package" not in at.columns:
+        return ""
+    package = at.loc[shipped, "peer_package"]
+    own = [v for v in at.index if v != shipped and at.loc[v, "peer_package"] == package
+           and at.loc[v, "median_us"] < at.loc[shipped, "median_us"]]
+    if not own:
+        return ""
+    res, n = T.ENCODER_BUCKET
+    return " Its own " + "; ".join(
+        f"{name(v)} already takes {fmt_us(at.loc[v, 'median_us'])}"
+        + (f" ({med[v]:.1f} ms in the encoder)" if v in med.index else "") for v in own) + "."
 
 
 def answer_table(files: dict) -> pd.DataFrame:
@@ -419,6 +434,9 @@ def encoder_lines(files: dict) -> list[str]:
     return out
 
 
+NO_ROPE_QKV = ("cublas_linear", "quack_gemm")  # QKV GEMMs that rotate nothing: references, not candidates
+
+
 def qkv_lines(files: dict) -> list[str]:
     """05: RoPE in the QKV projection."""
     q = files.get("qkv_gemm", pd.DataFrame())
@@ -431,10 +449,13 @@ def qkv_lines(files: dict) -> list[str]:
     t = int(wide.index.max())
     r = wide.loc[t]
     base = r["cublas_linear"]
+    plain = [v for v in NO_ROPE_QKV if v != "cublas_linear" and v in wide.columns and _ok(r[v])]
     parts = [f"{name(v)} {fmt_us(r[v])} ({r[v] / base:.2f}x)" for v in sorted(wide.columns, key=catalogue.order_key)
-             if v != "cublas_linear" and _ok(r[v]) and not v.endswith("compiled_out")]
+             if v not in NO_ROPE_QKV and _ok(r[v]) and not v.endswith("compiled_out")]
     out = [f"At {t:,} tokens (16 images), cold, CUDA graphs, the QKV projection 1152 -> 3456 takes "
-           f"{fmt_us(base)} on cuBLAS without RoPE; with q and k rotated (time, x cuBLAS): " + "; ".join(parts) + "."]
+           f"{fmt_us(base)} on cuBLAS without RoPE"
+           + "".join(f" ({name(v)} {fmt_us(r[v])}, {r[v] / base:.2f}x)" for v in plain)
+           + "; with q and k rotated (time, x cuBLAS): " + "; ".join(parts) + "."]
     ours = [v for v in wide.columns if group(v) == "ours" and _ok(r[v])]
     if ours and "cublas_linear+fused_rope" in wide.columns:
         best = min(ours, key=lambda v: r[v])
@@ -473,8 +494,8 @@ def inline_html(text: str) -> str:
 def findings_html(stem: str, files: dict, device: str) -> str:
     """The block a report opens with (between ``BEGIN``/``END`` markers, which a test reads)."""
     items = "".join(f"<li>{inline_html(s)}</li>" for s in report_lines(stem, files))
-    return (f"{BEGIN.format(device=device)}<div class='what-we-found'><h2>What we found</h2>"
-            f"<ul>{items}</ul><p class='note'>Generated from <code>data/{html.escape(device)}/</code> by "
+    return (f"{BEGIN.format(device=device)}<div class=\"what-we-found\"><h2>What we found</h2>"
+            f"<ul>{items}</ul><p class=\"note\">Generated from <code>data/{html.escape(device)}/</code> by "
             f"<code>rope_kernels/study/summaries.py</code>; the sections below show the rows.</p></div>{END}")
 
 
