@@ -176,3 +176,15 @@ def test_index_opens_with_the_answer_and_a_narrow_table(tmp_path):
     assert len(re.findall(r"<th", answer.split("</thead>")[0])) <= 8
     assert S.QUESTIONS["02_microbench"].split(",")[0] in page
     assert "nan" not in re.findall(r"[a-z]+", answer.lower())
+
+
+def test_the_appendix_is_collapsed_in_the_html(tmp_path):
+    from rope_kernels.study.reports import collapse_appendix, notebook_to_html
+
+    nb_path = tmp_path / "02_microbench.ipynb"
+    nbformat.write(_notebook(), str(nb_path))
+    page = notebook_to_html(nb_path, tmp_path / "02_microbench.html", data_dir=DATA).read_text()
+    details = page.index("<details class='appendix'>")
+    assert page.index("What we found") < page.index("Speedup") < details < page.index("step\nstep")
+    assert page.index("</details>") > page.rindex("step") and page.index("</details>") < page.index("</main>")
+    assert collapse_appendix("<main><div>x</div></main>") == "<main><div>x</div></main>"  # none: unchanged

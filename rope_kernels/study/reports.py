@@ -96,6 +96,7 @@ def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool 
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(nb)
     body = body.replace("</head>", f"<style>{SCROLL_CSS}{REPORT_CSS}</style></head>", 1)
+    body = collapse_appendix(body)
     write_atomic(html_path, strip_remote_resources(body))
     return html_path
 
@@ -108,7 +109,22 @@ LONG_TABLE_ROWS = 40  # a table longer than this is raw rows: it goes to the app
 LONG_LOG_LINES = 12  # a cell's printed lines beyond this are a run log: appendix
 REPORT_CSS = (" .what-we-found { border-left: 4px solid #d62728; padding: 0.2rem 1rem; margin: 1rem 0;"
               " background: #fafafa; } .what-we-found li { margin: 0.3rem 0; }"
-              " .report-nav { font-size: 0.9rem; }")
+              " .report-nav { font-size: 0.9rem; }"
+              " details.appendix > summary { font-size: 1.2rem; font-weight: 600; margin: 2rem 0 1rem; cursor: pointer; }")
+
+
+APPENDIX_CELL_ID = "appendix"
+
+
+def collapse_appendix(page: str) -> str:
+    """The appendix (from its heading cell to the end of the notebook) inside a closed
+    <details>: a click opens it; the page without one is returned unchanged."""
+    start = re.search(r'<div class="jp-Cell [^"]*" id="cell-id=' + APPENDIX_CELL_ID + '">', page)
+    end = page.rfind("</main>")
+    if start is None or end < start.start():
+        return page
+    return (page[:start.start()] + "<details class='appendix'><summary>Appendix: raw rows, provenance and run "
+            "logs (click to open)</summary>\n" + page[start.start():end] + "</details>\n" + page[end:])
 
 
 def _html_rows(output) -> int:
@@ -214,9 +230,11 @@ def answer_first(nb, stem: str, data_dir: Path, report_dir: Path):
                 cell.outputs = keep
         body.append(cell)
     if appendix:
-        body.append(nbformat.v4.new_markdown_cell(
+        heading = nbformat.v4.new_markdown_cell(
             APPENDIX_HEADING + "\n\nPer-row tables, provenance and the run's log, for whoever wants to check "
-            "the sections above."))
+            "the sections above.")
+        heading.id = APPENDIX_CELL_ID
+        body.append(heading)
     nb.cells = front + body + appendix
     for cell in nb.cells:
         for out in cell.get("outputs", []):
