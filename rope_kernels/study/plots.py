@@ -538,6 +538,6 @@ def headline_bars(values: pd.Series, xlabel: str, *, highlight: Sequence[str] = 
         ax.axvline(reference, color="k", lw=0.8, ls="--")
     ax.set_xlabel(xlabel)
     ax.margins(x=0.12)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
+    if title:  # above the bars' labels too, from the figure's left edge: never clipped by the axes
+        fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     return fig

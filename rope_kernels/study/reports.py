@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 import urllib.parse
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def _figure_output(spec: dict):
     with matplotlib.rc_context({"figure.dpi": 100, "font.size": 10}):
         fig = headline_bars(spec["values"], spec["xlabel"], highlight=spec["highlight"],
                             reference=spec["reference"], fmt=spec["fmt"],
-                            title="solid: those the text names; faded: the rest")
+                            title=textwrap.fill(f"solid: {spec['solid']}; faded: the rest", 110))
         buf = io.BytesIO()
         fig.savefig(buf, format="png", metadata={"Software": None})
         plt.close(fig)

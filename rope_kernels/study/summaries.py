@@ -545,7 +545,8 @@ __all__ = ["QUESTIONS", "report_lines", "findings_html", "stored_findings", "stu
 
 def headline(stem: str, files: dict) -> dict | None:
     """The values of report ``stem``'s first figure (``plots.headline_bars``): ``values``
-    (per variant), ``xlabel``, ``highlight``, ``reference``, ``fmt``; None without rows."""
+    (per variant), ``xlabel``, ``highlight``, ``reference``, ``fmt``, ``solid`` (who is drawn solid,
+    in words); None without rows."""
     res, n = T.ENCODER_BUCKET
     if stem == "01_kernels":
         c = files.get("correctness", pd.DataFrame())
@@ -555,7 +556,7 @@ def headline(stem: str, files: dict) -> dict | None:
         r = (c["max_abs_err"] / c["native_max_abs_err"]).where(c["native_max_abs_err"] > 0)
         values = r.groupby(c["variant"]).max().dropna()
         return dict(values=values, xlabel="largest error against float64 / native's error, bf16 [x]",
-                    highlight=F.OURS, reference=1.0, fmt="{:.2f}") if len(values) else None
+                    highlight=F.OURS, reference=1.0, fmt="{:.2f}", solid="ours") if len(values) else None
     if stem in ("02_microbench", "06_summary"):
         at = kernel_times(files)
         if at.empty:
@@ -563,7 +564,8 @@ def headline(stem: str, files: dict) -> dict | None:
         best = best_engine(at)
         return dict(values=at["median_us"], xlabel=f"time per call at {BIG:,} tokens x 16 x 72 (16 images), "
                     "cold L2, CUDA graphs [us]", highlight=(*F.OURS, "native", "vllm_merged", *(s for _, s in SHIPPED),
-                                                           *([best] if best else [])), reference=None, fmt="{:.0f}")
+                                                           *([best] if best else [])), reference=None, fmt="{:.0f}",
+                    solid="ours, native, the merged PR path, the engines' shipped Kimi RoPE, the fastest engine kernel")
     if stem == "03_profile":
         la = files.get("launches.csv")
         if la is None or la.empty:
@@ -572,7 +574,7 @@ def headline(stem: str, files: dict) -> dict | None:
         return dict(values=la.drop_duplicates("variant").set_index("variant")[col].astype(float),
                     xlabel="kernel launches per call (torch.profiler)", highlight=(*F.OURS, "native", "vllm_merged",
                                                                                    *(s for _, s in SHIPPED)),
-                    reference=None, fmt="{:.0f}")
+                    reference=None, fmt="{:.0f}", solid="ours, native, the merged PR path, the engines' shipped Kimi RoPE")
     if stem == "04_ttft":
         med = encoder_bucket(files)
         if "native" not in med.index:
@@ -581,7 +583,8 @@ def headline(stem: str, files: dict) -> dict | None:
         engines = [v for v in saving.index if group(v) == "engine"]
         best = [max(engines, key=lambda v: saving[v])] if engines else []
         return dict(values=saving, xlabel=f"encoder time saved over native at {n} x {res}, CUDA graphs [%]",
-                    highlight=(*F.OURS, "none", *best), reference=0.0, fmt="{:.1f}")
+                    highlight=(*catalogue.names(group="ours"), "none", *best), reference=0.0, fmt="{:.1f}",
+                    solid="ours, the floor (RoPE skipped), the engine kernel that saves most")
     if stem == "05_qkv_gemm":
         q = files.get("qkv_gemm", pd.DataFrame())
         if q.empty:
@@ -594,5 +597,5 @@ def headline(stem: str, files: dict) -> dict | None:
         values = (wide.loc[t] / wide.loc[t, "cublas_linear"]).dropna()
         return dict(values=values, xlabel=f"time / cuBLAS without RoPE at {int(t):,} tokens, cold [x]",
                     highlight=(*catalogue.names("qkv", "ours"), "cublas_linear+fused_rope", "quack_gemm_rope"),
-                    reference=1.0, fmt="{:.2f}")
+                    reference=1.0, fmt="{:.2f}", solid="our QKV GEMMs, cuBLAS + fused RoPE, QuACK's RoPE epilogue")
     return None
