@@ -111,7 +111,8 @@ LONG_LOG_LINES = 12  # a cell's printed lines beyond this are a run log: appendi
 REPORT_CSS = (" .what-we-found { border-left: 4px solid #d62728; padding: 0.2rem 1rem; margin: 1rem 0;"
               " background: #fafafa; } .what-we-found li { margin: 0.3rem 0; }"
               " .report-nav { font-size: 0.9rem; }"
-              " details.appendix > summary { font: 600 1.2rem system-ui, sans-serif; margin: 2rem 0 1rem; cursor: pointer; }")
+              " details.appendix > summary { font: 600 1.2rem system-ui, sans-serif; margin: 2rem 0 1rem;"
+              " cursor: pointer; }")
 
 
 APPENDIX_CELL_ID = "appendix"

@@ -411,7 +411,8 @@ def encoder_lines(files: dict) -> list[str]:
         parts = [f"native {med['native']:.1f} ms"]
         if ours:
             o = min(ours, key=lambda v: med[v])
-            parts.append(f"{name(o)} {med[o]:.1f} ms ({100 * (med['native'] - med[o]) / med['native']:.1f}% less than native)")
+            less = 100 * (med["native"] - med[o]) / med["native"]
+            parts.append(f"{name(o)} {med[o]:.1f} ms ({less:.1f}% less than native)")
         for e in sorted(engines, key=catalogue.order_key):
             less = 100 * (med["native"] - med[e]) / med["native"]
             parts.append(f"{name(e)} {med[e]:.1f} ms ({abs(less):.1f}% {'less' if less >= 0 else 'more'})")
@@ -574,7 +575,8 @@ def headline(stem: str, files: dict) -> dict | None:
         return dict(values=la.drop_duplicates("variant").set_index("variant")[col].astype(float),
                     xlabel="kernel launches per call (torch.profiler)", highlight=(*F.OURS, "native", "vllm_merged",
                                                                                    *(s for _, s in SHIPPED)),
-                    reference=None, fmt="{:.0f}", solid="ours, native, the merged PR path, the engines' shipped Kimi RoPE")
+                    reference=None, fmt="{:.0f}",
+                    solid="ours, native, the merged PR path, the engines' shipped Kimi RoPE")
     if stem == "04_ttft":
         med = encoder_bucket(files)
         if "native" not in med.index:
