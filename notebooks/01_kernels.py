@@ -65,7 +65,7 @@ from rope_kernels.study.plots import with_units
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
 

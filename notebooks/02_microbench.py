@@ -34,7 +34,9 @@ data_dir = ""  # where to upsert microbench.csv (and fused_configs.csv); empty: 
 # kernels get against what users would otherwise pick (torch.compile, Liger)?
 #
 # **Method.** For each shape (tokens x heads x head_dim), dtype, variant and mode:
-# - *eager*: a Python loop of calls between CUDA events (launch overhead included);
+# - *eager*: a Python loop of calls between CUDA events (launch overhead included): how vLLM runs
+#   its vision tower unless encoder CUDA graphs are on, so the report opens with each eager call's
+#   host time beside its device time (the cold CUDA-graph time of the same shape);
 # - *cudagraph*: the same calls captured in one CUDA graph and replayed (the PR's method);
 # - *cudagraph_warm*: replays on a single input set, so small shapes run from L2, the way
 #   many published tables are measured; shown beside, never instead of, the cold numbers.
@@ -79,15 +81,15 @@ from rope_kernels.variants import peer_status
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 names = variants or list(VARIANTS)
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
 
-# %% [markdown]
+# %% [markdown] tags=["appendix"]
 # Which peers ran here, from which package, version and source hash (sha256 of the file(s) the
 # peer runs), and why the others did not:
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
 

@@ -63,7 +63,7 @@ print(f"Profiled shape: {tokens} tokens x {heads} heads x head_dim {head_dim}, {
       f"strided views of a packed ({tokens}, 3, {heads}, {head_dim}) qkv buffer. "
       f"Per-forward counts: x {layers} layers.")
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
 

@@ -97,7 +97,7 @@ for v, why in not_run.items():
     print(f"{v}: not run here ({why})")
 variants = [v for v in variants if v not in not_run]
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
 

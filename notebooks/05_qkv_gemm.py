@@ -66,15 +66,15 @@ from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.Series(provenance(kind)).to_frame("this run")
 
-# %% [markdown]
+# %% [markdown] tags=["appendix"]
 # Which peers ran here (QuACK's GEMM among them), from which package, version and source hash,
 # and why the others did not:
 
-# %%
+# %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
 pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin", "sha256", "reason"]]
 

@@ -39,7 +39,7 @@ from rope_kernels.study.summary import all_devices, load_device_tables
 
 report_display()  # whole tables (no "..."), quiet known warnings, the report plot style
 summary = all_devices(Path(data_root), device_folders)
-with_units(summary).T if len(summary) else "no device data yet"
+with_units(summary.set_index("device")).T if len(summary) else "no device data yet"
 
 # %% [markdown]
 # Provenance of every CSV row, per device and file:

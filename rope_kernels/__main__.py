@@ -1,5 +1,5 @@
 """Command line: ``python -m rope_kernels {run,wheelhouse,carry,peers,refresh-notebooks,index,
-submit,compile-matrix,targets,findings}``."""
+render-reports,submit,compile-matrix,targets,findings}``."""
 
 from __future__ import annotations
 
@@ -96,6 +96,28 @@ def _run(args) -> int:
     return 0
 
 
+def _render_reports(args) -> int:
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.reports import build_index, notebook_to_html
+    from rope_kernels.study.results import ResultFileError
+
+    folders = [REPO_ROOT / "reports" / args.device] if args.device else \
+        sorted(p for p in (REPO_ROOT / "reports").iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        for folder in folders:
+            if not folder.is_dir():
+                raise OSError(f"{folder}: no such report folder")
+            for nb in sorted(folder.glob("[0-9]*.ipynb")):
+                if nb.name.endswith(".failed.ipynb") or nb.name.startswith("."):
+                    continue
+                print(notebook_to_html(nb, nb.with_suffix(".html")).relative_to(REPO_ROOT))
+        print(build_index(REPO_ROOT).relative_to(REPO_ROOT))
+    except (ResultFileError, OSError, ValueError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _index(args) -> int:
     from rope_kernels.study.devices import REPO_ROOT
     from rope_kernels.study.reports import build_index
@@ -182,18 +204,31 @@ def _targets(args) -> int:
 
 
 def _findings(args) -> int:
+    from rope_kernels.study import summaries
     from rope_kernels.study.devices import REPO_ROOT
     from rope_kernels.study.findings import DEVICE, readme_section, render_findings, write_readme
+    from rope_kernels.study.results import write_atomic
 
     folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / (args.device or DEVICE)
     readme = Path(args.readme) if args.readme else REPO_ROOT / "README.md"
     try:
         section = render_findings(folder)
+        # README's first screen (what was found, what to ship, the two commands), where it has the markers
+        text = readme.read_text() if readme.exists() else ""
+        top = summaries.readme_block(summaries.load(folder), folder.name) \
+            if summaries.README_BEGIN in text else None
         if args.write:
             changed = write_readme(readme, section)
+            if top is not None:
+                text = readme.read_text()
+                new = summaries.replace_readme_summary(text, top)
+                if new != text:
+                    write_atomic(readme, new)
+                    changed = True
             print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
         elif args.check:
-            if readme_section(readme.read_text()) != section:
+            if readme_section(readme.read_text()) != section or (
+                    top is not None and summaries.readme_summary(text) != top):
                 print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
                       "run: python -m rope_kernels findings --write", file=sys.stderr)
                 return 1
@@ -282,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("index", help="rebuild reports/index.html from the devices whose results "
                        "git tracks (data/<device>/, reports/<device>/)")
     i.set_defaults(func=_index)
+
+    r = sub.add_parser("render-reports", help="re-render reports/<device>/*.html from the executed notebooks "
+                       "stored beside them (what we found from data/<device>/, raw rows last), then the index")
+    r.add_argument("--device", default="", help="one folder under reports/ (default: every one)")
+    r.set_defaults(func=_render_reports)
 
     s = sub.add_parser("submit", help="run the study as a Slurm job array (one task per "
                        "notebook shard) plus a summary job; or --status / --missing")

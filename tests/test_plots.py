@@ -101,7 +101,10 @@ def test_error_bars_come_from_p20_p80():
     fig = plots.kernel_panels(_bench(), "median_us", "median [us]")
     ax = fig.axes[0]
     assert ax.containers, "no error bars drawn"
-    segments = ax.containers[0].lines[2][0].get_segments()
+    from matplotlib.colors import to_hex
+
+    native = next(c for c in ax.containers if to_hex(c.lines[0].get_color()) == plots.variant_color("native"))
+    segments = native.lines[2][0].get_segments()  # variants are drawn in the catalogue's group order
     low, high = segments[0][:, 1]
     rows = _bench()
     first = rows[(rows.variant == "native") & (rows.heads == 2) & (rows.tokens == 256)].iloc[0]
@@ -194,3 +197,22 @@ def test_the_target_bucket_is_marked_on_encoder_plots():
     for fig in (plots.encoder_latency(_ttft(), mode="eager"), plots.saving_vs_native(_ttft())):
         texts = [t.get_text() for ax in fig.axes for t in ax.texts]
         assert any(t.startswith("targets: 16 x 1024x1024") for t in texts)
+
+
+def test_crowded_plots_group_variants_and_fade_all_but_the_ones_that_matter():
+    """More than MAX_SOLID variants: ours, native, the floor, the engines' shipped Kimi RoPE and the
+    fastest engine kernel solid,
+    the rest faded; variants and legend in the catalogue's group order, a heading per group."""
+    rows = []
+    for v, us in (("native", 600.0), ("fused", 100.0), ("fused_inplace", 105.0), ("vllm_packed_qk", 250.0),
+                  ("sglang_vision", 120.0), ("liger", 500.0), ("compiled", 160.0), ("vllm_merged", 800.0)):
+        rows.append({"variant": v, "tokens": 87616, "median_us": us})
+        rows.append({"variant": v, "tokens": 1024, "median_us": 10.0})
+    data = pd.DataFrame(rows)
+    names = plots.grouped(data["variant"])
+    assert names[:2] == ["fused", "fused_inplace"] and names.index("native") > names.index("liger")
+    solid = plots.emphasised(data, names, "median_us", "tokens")
+    assert solid == {"fused", "fused_inplace", "native", "sglang_vision", "vllm_packed_qk"}
+    labels = [h.get_label() for h in plots.grouped_handles(names, solid)]
+    assert labels[0] == "OURS" and labels.index("THE ENGINES' KERNELS") < labels.index("BASELINES")
+    assert plots.emphasised(data[data.variant.isin(names[:5])], names[:5], "median_us", "tokens") == set(names[:5])

@@ -569,10 +569,12 @@ def render_findings(device_dir: Path | None = None) -> str:
     device_dir = Path(device_dir) if device_dir else REPO_ROOT / "data" / DEVICE
     files = load(device_dir)
     device = device_dir.name
-    parts = [[f"## Findings on {_device_title(files, device)}"], provenance_section(files, device),
+    # provenance last: README.md's first screen is the summary (summaries.readme_block) and the findings
+    parts = [[f"## Findings on {_device_title(files, device)}"],
              peers_section(files), kernel_section(files),
              roofline_section(files) + pr_section(files) + launches_section(files),
-             encoder_section(files), qkv_section(files), targets_section(files), caveats_section(files)]
+             encoder_section(files), qkv_section(files), targets_section(files), caveats_section(files),
+             provenance_section(files, device)]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"
 
 

@@ -163,6 +163,63 @@ def _variant_handles(variants: Sequence[str], floor: str | None = "none") -> lis
                    label=f"{v} (RoPE skipped: floor)" if v == floor else v) for v in variants]
 
 
+# -- grouping: ours / the engines' / baselines / references, the ones that matter solid --------
+
+MAX_SOLID = 6  # more lines than this in one panel: the rest are drawn faded
+_FADED_NOTE = "; faded: the rest"
+
+
+def grouped(names: Sequence[str]) -> list[str]:
+    """``names`` in the catalogue's order: ours, the engines', baselines, references."""
+    from rope_kernels import catalogue
+
+    return sorted(dict.fromkeys(names), key=catalogue.order_key)
+
+
+def emphasised(data: pd.DataFrame, names: Sequence[str], time: str, x: str) -> set[str]:
+    """Which variants a crowded plot draws solid: every one when there are at most
+    ``MAX_SOLID``; else ours, native, the floor, the RoPE each engine's Kimi-K2.5 tower calls
+    (``summaries.SHIPPED``) and the fastest engine kernel (least ``time`` at the largest ``x``)."""
+    from rope_kernels import catalogue
+    from rope_kernels.study.summaries import SHIPPED
+
+    names = list(names)
+    if len(names) <= MAX_SOLID:
+        return set(names)
+    group = {n: (catalogue.entry(n).group if catalogue.entry(n) else "") for n in names}
+    solid = {n for n in names if group[n] == "ours" or n in ("native", "none", *(v for _, v in SHIPPED))}
+    engines = [n for n in names if group[n] == "engine"]
+    if engines and time in data.columns and x in data.columns and len(data):
+        at = data[data[x] == data[x].max()].groupby("variant")[time].median()
+        ranked = [n for n in engines if n in at.index and np.isfinite(at[n])]
+        if ranked:
+            solid.add(min(ranked, key=lambda n: at[n]))
+    return solid
+
+
+def _faded(name: str, solid: set[str]) -> dict:
+    return {} if name in solid else {"alpha": 0.25, "zorder": 1}
+
+
+def grouped_handles(names: Sequence[str], solid: set[str], floor: str | None = "none") -> list[Line2D]:
+    """Legend entries under a heading per group, faded ones faded."""
+    from rope_kernels import catalogue
+
+    out, last = [], None
+    for v in names:
+        e = catalogue.entry(v)
+        g = e.group if e else "other"
+        if g != last:
+            out.append(Line2D([], [], color="none", label={"ours": "ours", "engine": "the engines' kernels",
+                                                             "baseline": "baselines", "reference": "references"}
+                              .get(g, g).upper()))
+            last = g
+        label = f"{v} (RoPE skipped: floor)" if v == floor else v
+        out.append(Line2D([], [], color=variant_color(v), lw=2, marker="o", ms=5, label=label,
+                          alpha=1.0 if v in solid else 0.3))
+    return out
+
+
 def finish(fig, data: pd.DataFrame, handles: Sequence[Line2D], *, title: str | None = None,
            extra: Sequence[Line2D] = ()):
     """Legend outside the panels (right), optional title, and the CPU caveat on CPU data."""
@@ -226,14 +283,16 @@ def kernel_panels(bench: pd.DataFrame, value: str, ylabel: str, *, mode: str | N
     dtype = dtype or bench["dtype"].iloc[0]
     sub = bench[(bench["mode"] == mode) & (bench["dtype"] == dtype)]
     layouts = sorted(sub.groupby(["heads", "head_dim"]).groups)
-    names = _ordered(sub["variant"], variants)
+    names = grouped(_ordered(sub["variant"], variants))
+    solid = emphasised(sub, names, "median_us", "tokens")
     fig, axes = panel_grid(len(layouts), ncols=ncols)
     for ax, (heads, head_dim) in zip(axes, layouts):
         panel = sub[(sub.heads == heads) & (sub.head_dim == head_dim)]
         for name in names:
             rows = panel[panel.variant == name]
             if len(rows):
-                _errorbar(ax, rows, "tokens", value, color=variant_color(name), marker="o")
+                _errorbar(ax, rows, "tokens", value, color=variant_color(name), marker="o",
+                          **_faded(name, solid))
         if hline is not None:
             ax.axhline(hline, color="k", lw=0.8, ls="--")
         _token_axis(ax, panel.tokens)
@@ -241,7 +300,8 @@ def kernel_panels(bench: pd.DataFrame, value: str, ylabel: str, *, mode: str | N
             _log_axis(ax.yaxis)
         ax.set_title(f"{heads} heads x {head_dim}")
         ax.set_ylabel(ylabel)
-    return finish(fig, sub, _variant_handles(names), title=f"{dtype}, {mode}; bars: p20-p80")
+    return finish(fig, sub, grouped_handles(names, solid),
+                  title=f"{dtype}, {mode}; bars: p20-p80" + _FADED_NOTE * (solid != set(names)))
 
 
 def pr_table_plot(comparisons: dict[str, pd.DataFrame], data: pd.DataFrame | None = None):
@@ -292,7 +352,8 @@ def encoder_latency(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str]
     panel per resolution, p20-p80 error bars; the floor (RoPE skipped) dashed."""
     sub = ttft[ttft["mode"] == mode]
     res = _ordered(sub.resolution, resolutions)
-    names = _ordered(sub.variant, variants)
+    names = grouped(_ordered(sub.variant, variants))
+    solid = emphasised(sub, names, "median_ms", "images")
     fig, axes = panel_grid(len(res), ncols=ncols)
     for ax, r in zip(axes, res):
         panel = sub[sub.resolution == r]
@@ -300,15 +361,15 @@ def encoder_latency(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str]
             rows = panel[panel.variant == name]
             if len(rows):
                 _errorbar(ax, rows, "images", "median_ms", color=variant_color(name),
-                          marker="o", ls="--" if name == floor else "-")
+                          marker="o", ls="--" if name == floor else "-", **_faded(name, solid))
         _image_axis(ax, panel.images)
         ax.set_ylim(bottom=0)
         if r == TARGET_BUCKET[0]:
             _mark_target_bucket(ax)
         ax.set_title(r)
         ax.set_ylabel("encoder forward [ms]")
-    return finish(fig, sub, _variant_handles(names, floor),
-                  title=f"{mode}; median, bars: p20-p80 over rounds")
+    return finish(fig, sub, grouped_handles(names, solid, floor),
+                  title=f"{mode}; median, bars: p20-p80 over rounds" + _FADED_NOTE * (solid != set(names)))
 
 
 def saving_vs_native(ttft: pd.DataFrame, *, modes: Sequence[str] | None = None,
@@ -413,3 +474,41 @@ def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = N
                      marker=resolution_style(r, res)[1], label=r) for r in res]
     return finish(fig, savings, _variant_handles(names), extra=styles,
                   title="bars: the prefill band's ends")
+
+
+def headline_bars(values: pd.Series, xlabel: str, *, highlight: Sequence[str] = (), title: str = "",
+                  reference: float | None = None, fmt: str = "{:.1f}"):
+    """One horizontal bar per variant, grouped as the catalogue groups them (ours, the engines',
+    baselines, references; a thin gap between groups), each in its catalogue colour; the
+    ``highlight``ed variants solid and labelled with their value, the rest faded. A report's
+    first figure: one number per variant at the shape that matters."""
+    from rope_kernels import catalogue
+
+    values = values[[v for v in values.index if pd.notna(values[v]) and np.isfinite(float(values[v]))]]
+    order = sorted(values.index, key=catalogue.order_key)
+    groups = [(catalogue.entry(v).group if catalogue.entry(v) else "other") for v in order]
+    y, pos, last = [], 0.0, None
+    for g in groups:
+        if last is not None and g != last:
+            pos += 0.6
+        y.append(pos)
+        pos, last = pos + 1, g
+    fig, ax = plt.subplots(figsize=(8.6, 0.32 * len(order) + 1.3), layout="constrained")
+    for v, yy in zip(order, y):
+        solid = not highlight or v in highlight
+        ax.barh(yy, float(values[v]), color=variant_color(v), alpha=1.0 if solid else 0.3, height=0.8)
+        if solid:
+            ax.annotate(fmt.format(float(values[v])), xy=(float(values[v]), yy), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=9)
+    e = {v: catalogue.entry(v) for v in order}
+    ax.set_yticks(y, [(e[v].label.replace("`", "") if e[v] else v) + ("" if e[v] is None else
+                       f"  [{e[v].group}]") for v in order])
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    if reference is not None:
+        ax.axvline(reference, color="k", lw=0.8, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.12)
+    if title:  # above the bars' labels too, from the figure's left edge: never clipped by the axes
+        fig.suptitle(title, x=0.01, ha="left", fontsize=10)
+    return fig

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import math
 import re
+import textwrap
 import urllib.parse
 from pathlib import Path
 
@@ -74,21 +76,228 @@ def clean_outputs(nb, root: Path = REPO_ROOT):
     return nb
 
 
-def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool = True) -> Path:
+def notebook_to_html(notebook_path: Path, html_path: Path, *, hide_inputs: bool = True,
+                     data_dir: Path | None = None) -> Path:
     """Export an executed notebook to a self-contained HTML file (atomically), its
-    outputs cleaned for readers (:func:`clean_outputs`)."""
+    outputs cleaned for readers (:func:`clean_outputs`) and arranged to answer first
+    (:func:`answer_first`: what we found, generated from ``data_dir``'s rows, by default
+    ``data/<the report's folder name>``; raw rows and logs last); tables tidied
+    (:func:`tidy_tables`)."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    html_path = Path(html_path)
     nb = clean_outputs(nbformat.read(str(notebook_path), as_version=4))
+    if data_dir is None:
+        data_dir = html_path.resolve().parent.parent.parent / "data" / html_path.parent.name
+    nb = answer_first(nb, html_path.stem, Path(data_dir), html_path.parent)
     exporter = HTMLExporter(template_name="lab")
     exporter.exclude_input = hide_inputs
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(nb)
-    body = body.replace("</head>", f"<style>{SCROLL_CSS}</style></head>", 1)
-    write_atomic(Path(html_path), strip_remote_resources(body))
-    return Path(html_path)
+    body = body.replace("</head>", f"<style>{SCROLL_CSS}{REPORT_CSS}</style></head>", 1)
+    body = collapse_appendix(body)
+    write_atomic(html_path, strip_remote_resources(body))
+    return html_path
+
+
+# -- reports that answer first -------------------------------------------------------------
+
+APPENDIX_TAG = "appendix"  # a cell whose outputs are raw rows or provenance: shown last
+APPENDIX_HEADING = "## Appendix: raw rows, provenance and run logs"
+LONG_TABLE_ROWS = 40  # a table longer than this is raw rows: it goes to the appendix
+LONG_LOG_LINES = 12  # a cell's printed lines beyond this are a run log: appendix
+REPORT_CSS = (" .what-we-found { border-left: 4px solid #d62728; padding: 0.2rem 1rem; margin: 1rem 0;"
+              " background: #fafafa; } .what-we-found li { margin: 0.3rem 0; }"
+              " .report-nav { font-size: 0.9rem; }"
+              " details.appendix > summary { font: 600 1.2rem system-ui, sans-serif; margin: 2rem 0 1rem;"
+              " cursor: pointer; }")
+
+
+APPENDIX_CELL_ID = "appendix"
+
+
+def collapse_appendix(page: str) -> str:
+    """The appendix (from its heading cell to the end of the notebook) inside a closed
+    <details>: a click opens it; the page without one is returned unchanged."""
+    start = re.search(r'<div class="jp-Cell [^"]*" id="cell-id=' + APPENDIX_CELL_ID + '">', page)
+    end = page.rfind("</main>")
+    if start is None or end < start.start():
+        return page
+    return (page[:start.start()] + "<details class='appendix'><summary>Appendix: raw rows, provenance and run "
+            "logs (click to open)</summary>\n" + page[start.start():end] + "</details>\n" + page[end:])
+
+
+def _html_rows(output) -> int:
+    page = output.get("data", {}).get("text/html", "") if output.output_type in ("display_data",
+                                                                                   "execute_result") else ""
+    return page.count("<tr") if isinstance(page, str) else 0
+
+
+def _split_raw(cell):
+    """(outputs a reader needs in place, raw outputs for the appendix) of a code cell."""
+    outputs = cell.get("outputs", [])
+    lines = sum(o.get("text", "").count("\n") for o in outputs if o.output_type == "stream")
+    keep, raw = [], []
+    for o in outputs:
+        long_log = o.output_type == "stream" and lines > LONG_LOG_LINES
+        (raw if long_log or _html_rows(o) > LONG_TABLE_ROWS else keep).append(o)
+    return keep, raw
+
+
+def _heading_split(cell) -> tuple[str, str]:
+    """A markdown cell's leading '# title' block and the rest."""
+    lines = cell.source.splitlines()
+    end = next((i for i, line in enumerate(lines) if i and not line.strip()), len(lines))
+    return "\n".join(lines[:end]), "\n".join(lines[end:]).strip("\n")
+
+
+def _nav(stem: str, report_dir: Path) -> str:
+    from rope_kernels.study.summaries import QUESTIONS
+
+    links = ["[All reports: reports/index.html](../index.html)"]
+    for other in QUESTIONS:
+        if other != stem and ((report_dir / f"{other}.ipynb").exists() or (report_dir / f"{other}.html").exists()):
+            links.append(f"[{other}](./{other}.html)")
+    return "<nav class='report-nav'>\n\n" + " · ".join(links) + "\n\n</nav>"
+
+
+def _figure_output(spec: dict):
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import nbformat
+
+    from rope_kernels.study.plots import headline_bars
+
+    with matplotlib.rc_context({"figure.dpi": 100, "font.size": 10}):
+        fig = headline_bars(spec["values"], spec["xlabel"], highlight=spec["highlight"],
+                            reference=spec["reference"], fmt=spec["fmt"],
+                            title=textwrap.fill(f"solid: {spec['solid']}; faded: the rest", 110))
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata={"Software": None})
+        plt.close(fig)
+    return nbformat.v4.new_output("display_data", data={"image/png": base64.b64encode(buf.getvalue()).decode(),
+                                                        "text/plain": "<Figure>"})
+
+
+def answer_first(nb, stem: str, data_dir: Path, report_dir: Path):
+    """Arrange an executed notebook for a reader: its title, links to the index and the
+    other reports, "What we found" (``summaries.findings_html`` over ``data_dir``'s rows)
+    and one figure of the numbers that matter, then the notebook's narrative and plots,
+    then an appendix of what was raw (cells tagged ``appendix``, tables of more than
+    ``LONG_TABLE_ROWS`` rows, long run logs). Modifies and returns ``nb``."""
+    import nbformat
+
+    from rope_kernels.study import summaries
+
+    front, body, appendix = [], [], []
+    title_done = False
+    for cell in nb.cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "markdown" and not title_done and cell.source.lstrip().startswith("# "):
+            title, rest = _heading_split(cell)
+            front.append(nbformat.v4.new_markdown_cell(title))
+            front.append(nbformat.v4.new_markdown_cell(_nav(stem, Path(report_dir))))
+            if stem in summaries.REPORTS:
+                files = summaries.load(data_dir)
+                block = summaries.findings_html(stem, files, Path(data_dir).name)
+                found = nbformat.v4.new_code_cell("")
+                found.outputs = [nbformat.v4.new_output("display_data", data={"text/html": block,
+                                                                             "text/plain": "What we found"})]
+                front.append(found)
+                spec = summaries.headline(stem, files)
+                if spec is not None:
+                    fig = nbformat.v4.new_code_cell("")
+                    fig.outputs = [_figure_output(spec)]
+                    front.append(fig)
+            if rest:
+                body.append(nbformat.v4.new_markdown_cell(rest))
+            title_done = True
+            continue
+        if APPENDIX_TAG in tags:
+            appendix.append(cell)
+            continue
+        if cell.cell_type == "code":
+            keep, raw = _split_raw(cell)
+            if raw:
+                moved = nbformat.v4.new_code_cell(cell.source)
+                moved.outputs = raw
+                appendix.append(moved)
+                cell.outputs = keep
+        body.append(cell)
+    if appendix:
+        heading = nbformat.v4.new_markdown_cell(
+            APPENDIX_HEADING + "\n\nPer-row tables, provenance and the run's log, for whoever wants to check "
+            "the sections above.")
+        heading.id = APPENDIX_CELL_ID
+        body.append(heading)
+    nb.cells = front + body + appendix
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            page = out.get("data", {}).get("text/html") if out.output_type in ("display_data", "execute_result") \
+                else None
+            if isinstance(page, str) and "dataframe" in page:
+                out.data["text/html"] = tidy_tables(page)
+    return nb
+
+
+_TABLE = re.compile(r"<table\b[^>]*class=\"dataframe\"[^>]*>.*?</table>", re.DOTALL)
+_ROW = re.compile(r"<tr\b[^>]*>(.*?)</tr>", re.DOTALL)
+_CELL = re.compile(r"\s*<(th|td)\b([^>]*)>(.*?)</\1>", re.DOTALL)
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?(e[+-]?\d+)?$", re.IGNORECASE)
+MISSING = ("NaN", "nan", "None", "<NA>", "NaT", "&lt;NA&gt;")
+
+
+def tidy_number(text: str) -> str:
+    """A table cell as people read it: '-' for a missing value, integers without '.0',
+    at most 4 significant figures, no scientific notation above 0.001."""
+    t = text.strip()
+    if t in MISSING:
+        return "-"
+    if not _NUMBER.match(t) or ("." not in t and "e" not in t.lower()):
+        return text
+    v = float(t)
+    if not math.isfinite(v):
+        return text
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    if abs(v) >= 1000:
+        return f"{v:.0f}"
+    short = f"{v:.4g}"
+    return short if "e" not in short or abs(v) < 1e-3 else f"{v:.4f}"
+
+
+def tidy_tables(page: str) -> str:
+    """pandas tables in ``page`` without a plain 0..n-1 index column, numbers tidied
+    (:func:`tidy_number`)."""
+    def table(m):
+        t = m.group(0)
+        body = t.split("<tbody>", 1)[1] if "<tbody>" in t else ""
+        rows = _ROW.findall(body)
+        firsts = [_CELL.match(r) for r in rows]
+        plain_index = bool(rows) and all(
+            f is not None and f.group(1) == "th" and "rowspan" not in f.group(2) and f.group(3).strip() == str(i)
+            for i, f in enumerate(firsts))
+
+        def row(rm):
+            inner = rm.group(1)
+            if plain_index:
+                first = _CELL.match(inner)
+                if first is not None and "colspan" not in first.group(2):
+                    inner = inner[first.end():]
+            inner = _CELL.sub(lambda c: c.group(0) if c.group(1) == "th" else
+                              c.group(0).replace(f">{c.group(3)}<", f">{tidy_number(c.group(3))}<", 1), inner)
+            return rm.group(0).replace(rm.group(1), inner, 1)
+
+        return _ROW.sub(row, t)
+
+    return _TABLE.sub(table, page)
 
 
 # Whole tables in the reports, each in its own scrolling box instead of a page-long one.
@@ -102,6 +311,8 @@ body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2r
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
 th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
+.what-we-found { border-left: 4px solid #d62728; padding: 0.2rem 1rem; background: #fafafa; }
+.what-we-found li { margin: 0.3rem 0; } table.answer td:nth-child(2) { color: #555; }
 h1 { font-size: 1.6rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
 .note { color: #555; font-size: 0.9rem; }
 """
@@ -136,14 +347,8 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              "<title>Vision RoPE kernel study: reports</title>",
              f"<style>{_CSS}</style></head><body>",
-             "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>",
-             "<p class='note'>Every figure below was measured by this project's runner; "
-             "device, versions and commit are in each report and in every row of data/.</p>"]
-    parts.append("<h2>Summary per device</h2>")
-    if summary.empty:
-        parts.append("<p>No results yet: run <code>make study</code>.</p>")
-    else:
-        parts.append(_summary_table(summary))
+             "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>"]
+    parts += _answer(root, [d.name for d in devices_with_reports], summary)
     parts.append("<h2>Reports</h2>")
     for dev in devices_with_reports:
         pages = sorted(dev.glob("*.html"))
@@ -152,14 +357,67 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
         parts.append(f"<h3>{html.escape(dev.name)}</h3><ul>")
         for page in pages:
             href = relative_href(page.relative_to(reports))
-            parts.append(f"<li><a href='{html.escape(href)}'>{html.escape(page.stem)}</a></li>")
+            question = _questions().get(page.stem, "")
+            parts.append(f"<li><a href='{html.escape(href)}'>{html.escape(page.stem)}</a>"
+                         + (f": {html.escape(question)}" if question else "") + "</li>")
         parts.append("</ul>")
+    parts.append("<h2>Headline figures per device</h2>")
+    parts.append("<p class='note'>Every figure was measured by this project's runner; device, versions and "
+                 "commit are in each report and in every row of data/.</p>")
+    if summary.empty:
+        parts.append("<p>No results yet: run <code>make study</code>.</p>")
+    else:
+        parts.append(_device_details(summary))
     parts.append("</body></html>")
     out = reports / "index.html"
     page = "\n".join(parts) + "\n"
     if not out.exists() or out.read_text() != page:
         write_atomic(out, page)
     return out
+
+
+def _questions() -> dict:
+    from rope_kernels.study.summaries import QUESTIONS
+
+    return QUESTIONS
+
+
+def _answer(root: Path, report_devices: list[str], summary: pd.DataFrame) -> list[str]:
+    """The study's answer on one device (the findings' device where it has rows, else the first
+    with rows): a few generated sentences and a table of variants that fits a laptop screen."""
+    from rope_kernels.study import summaries
+    from rope_kernels.study.findings import DEVICE
+
+    with_rows = [d for d in (summary["device"] if "device" in summary.columns else [])
+                 if (root / "data" / d).is_dir()]
+    if not with_rows:
+        return []
+    device = DEVICE if DEVICE in with_rows else sorted(with_rows)[0]
+    files = summaries.load(root / "data" / device)
+    out = [f"<h2>The answer (on {html.escape(device)})</h2>",
+           "<div class='what-we-found'><ul>"
+           + "".join(f"<li>{summaries.inline_html(s)}</li>" for s in summaries.study_lines(files)) + "</ul>",
+           "<p><b>What to ship</b></p><ul>"
+           + "".join(f"<li>{summaries.inline_html(s)}</li>" for s in summaries.ship_lines(files)) + "</ul></div>"]
+    table = summaries.answer_table(files)
+    if len(table):
+        out.append(table.to_html(index=False, border=0, classes="answer"))
+        out.append("<p class='note'>Kernel: median per call, cold L2, CUDA graphs; encoder: median forward of "
+                   "the MoonViT-shaped encoder, CUDA graphs; '-': not measured for that variant. Generated from "
+                   f"<code>data/{html.escape(device)}/</code> by <code>rope_kernels/study/summaries.py</code>.</p>")
+    if device in report_devices:
+        out.append(f"<p>Open <a href='{html.escape(relative_href(Path(device) / '02_microbench.html'))}'>the "
+                   "kernel report</a> or pick a report below.</p>")
+    return out
+
+
+def _device_details(summary: pd.DataFrame) -> str:
+    """The per-device summary (``_summary_table``) with devices as columns: one figure a row."""
+    table = _summary_frame(summary)
+    if _COLUMNS["device"] not in table.columns:
+        return table.to_html(index=False, border=0)
+    wide = table.set_index(_COLUMNS["device"]).T.rename_axis(index="figure", columns=None)
+    return wide.reset_index().to_html(index=False, border=0)
 
 
 _COLUMNS = {
@@ -186,6 +444,11 @@ _INTEGER_COLUMNS = ("kimi_tokens", "encoder_images")
 def _summary_table(summary: pd.DataFrame) -> str:
     """The summary as an HTML table: counts as integers, measurements to 2 decimals,
     missing values as '-' (one scalar per cell; anything else is a bug upstream)."""
+    return _summary_frame(summary).to_html(index=False, border=0)
+
+
+def _summary_frame(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary's cells as text under their labelled headers (see ``_summary_table``)."""
     labels = dict(_COLUMNS)
     ratios = {c: f"time of {c.removeprefix('ratio_')} / time of ours (16x72, most tokens, cold; "
                  "in place vs fused_inplace, else vs fused)"
@@ -213,5 +476,4 @@ def _summary_table(summary: pd.DataFrame) -> str:
             return f"{v:.2f}"
         return str(v)
 
-    table = pd.DataFrame({labels[c]: [cell(c, v) for v in summary[c]] for c in cols})
-    return table.to_html(index=False, border=0)
+    return pd.DataFrame({labels[c]: [cell(c, v) for v in summary[c]] for c in cols})
