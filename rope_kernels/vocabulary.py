@@ -25,8 +25,13 @@ IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv
 # and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
 # step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs
 # with nvidia-cutlass-dsl only) and "gemm_epilogue_quack" (the same in QuACK's GEMM;
-# only where QuACK runs).
-ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_quack")
+# only where QuACK runs); "gemm_epilogue_cute_norot" is our CuTe DSL kernel with its
+# rotation compiled out: a floor on our own GEMM (RoPE's cost in gemm_epilogue_cute is
+# gemm_epilogue_cute minus it, apart from the GEMM's speed against cuBLAS).
+ENCODER_ONLY_ROPE = ("none", "gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_quack",
+                     "gemm_epilogue_cute_norot")
+# The encoder modes that skip RoPE (floors): their output must miss native's.
+ROPE_FREE_FLOORS = ("none", "gemm_epilogue_cute_norot")
 # How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 ENCODERS = ("small", "kimi_k25")
