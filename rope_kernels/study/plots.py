@@ -442,3 +442,52 @@ def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = N
                      marker=resolution_style(r, res)[1], label=r) for r in res]
     return finish(fig, savings, _variant_handles(names), extra=styles,
                   title="bars: the prefill band's ends")
+
+
+def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
+                   policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
+                   anchors: pd.DataFrame | None = None, floor: str = "none"):
+    """Time to first token [ms] (``model.prefill.ttft_rows``: encoder median + prefill)
+    against images per request at one resolution, a line per RoPE choice, a panel per
+    encoder policy (vLLM's default eager, vLLM's encoder graphs up to its budget, all
+    graphs). The prefill alone is dotted; the hand model's band (its MFU ends, plus
+    native's encoder) shaded, as the cross-check. ``anchors`` (``data/reference/
+    ttft_anchors.csv``): the public absolute TTFTs drawn as labelled marks, as context."""
+    sub = ttft[ttft["resolution"] == resolution]
+    pols = _ordered(sub.encoder_policy, policies)
+    names = _ordered(sub.variant, variants)
+    fig, axes = panel_grid(len(pols), ncols=3, sharey=True)
+    marks = pd.DataFrame() if anchors is None else anchors[anchors["metric"].astype(str).str.startswith("ttft")
+                                                          & anchors["after"].notna()
+                                                          & (anchors["unit"] == "ms")]
+    for ax, pol in zip(axes, pols):
+        panel = sub[sub.encoder_policy == pol]
+        for name in names:
+            rows = panel[panel.variant == name].sort_values("images")
+            if len(rows):
+                ax.plot(rows.images, rows.ttft_ms, color=variant_color(name), marker="o", ms=4.5,
+                        lw=1.6, ls="--" if name == floor else "-")
+        prefill = panel.drop_duplicates("images").sort_values("images")
+        ax.plot(prefill.images, prefill.prefill_ms, color="k", ls=":", lw=1.2)
+        base = panel[panel.variant == "native"].sort_values("images")
+        if len(base):
+            ax.fill_between(base.images, base.encoder_ms + base.hand_prefill_fast_ms,
+                            base.encoder_ms + base.hand_prefill_slow_ms, color="0.6", alpha=0.25, lw=0)
+        for _, a in marks.iterrows():
+            ax.plot([a["images"]], [a["after"]], marker="*", ms=10, color="#444444", ls="none")
+            ax.annotate(f"{a['source']}: {a['hardware']}, {a['metric']}", (a["images"], a["after"]),
+                        xytext=(6, 0), textcoords="offset points", fontsize=7, va="center",
+                        color="#444444")
+        _image_axis(ax, panel.images)
+        ax.set_ylim(bottom=0)
+        ax.set_title(textwrap.fill(pol, 40))
+        ax.set_ylabel("time to first token [ms]")
+    source = "; ".join(sorted(set(sub.prefill_source.astype(str) + " " + sub.prefill_package.fillna("").astype(str)
+                                  + " " + sub.prefill_parallelism.astype(str))))
+    extra = [Line2D([], [], color="k", ls=":", label="LLM prefill alone"),
+             Patch(color="0.6", alpha=0.25, label="native + hand-model prefill band")]
+    if len(marks):
+        extra.append(Line2D([], [], marker="*", ms=10, color="#444444", ls="none",
+                            label="public anchors (other setups: context)"))
+    return finish(fig, sub, _variant_handles(names, floor), extra=extra,
+                  title=textwrap.fill(f"{resolution}; prefill: {source}", max(40, int(fig.get_figwidth() * 7))))
