@@ -430,7 +430,7 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
               graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS) -> pd.DataFrame:
     """Time to first token per (variant, bucket, encoder policy) from encoder-latency rows:
     the encoder's median in the mode the policy runs (``ENCODER_POLICIES``; a policy whose
-    mode was not timed is left out) plus the language model's prefill of the merged vision
+    modes were not all timed is left out) plus the language model's prefill of the merged vision
     tokens and ``text_tokens``. The prefill is aiconfigurator's (``aic``) with its backend,
     system, parallelism, package version and "measured tables" / "extrapolated" in every
     row, or the hand model's central value with ``why_hand`` saying why; the hand model's
@@ -445,6 +445,10 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
     text = _tokens(text_tokens)
     medians = latency.set_index(["variant", "resolution", "images", "mode"])["median_ms"]
     first = latency.drop_duplicates(["variant", "resolution", "images"])
+    timed = set(latency["mode"])
+    # a policy is given only where every mode it can run was timed (vLLM's graphs: both)
+    policies = [p for p in ENCODER_POLICIES
+                if ({"eager", "cudagraph"} if p == "vllm_encoder_graphs" else {p}) <= timed]
     prefill_cache: dict[int, float] = {}
     rows = []
     for _, r in first.iterrows():
@@ -465,7 +469,7 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
                        "prefill_system": "", "prefill_tables_version": "",
                        "prefill_parallelism": f"{hand.gpus} GPUs", "prefill_package": "",
                        "prefill_tables": "", "prefill_note": why_hand}
-        for policy in ENCODER_POLICIES:
+        for policy in policies:
             mode = _policy_mode(policy, merged, graph_tokens)
             key = (r.variant, r.resolution, r.images, mode)
             if key not in medians.index:
