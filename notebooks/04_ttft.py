@@ -341,7 +341,8 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
 # tokens (about 3.7 images of 1024x1024; more images run eager); `cudagraph` is all graphs.
 
 # %%
-from rope_kernels.model.prefill import device_ttft, ttft_savings
+# NBVAL_IGNORE_OUTPUT
+from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_savings
 from rope_kernels.study.results import upsert_csv
 
 ttft = device_ttft(latency, text_tokens=text_tokens, hand=prefill_model, source=prefill,
@@ -354,9 +355,10 @@ first = ttft.iloc[0]
 print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_model}; "
       f"{first.prefill_system} {first.prefill_backend} {first.prefill_tables_version} "
       f"{first.prefill_parallelism}; {first.prefill_note}")
+print(f"aiconfigurator's vLLM tables for Kimi-K2.5 cover: {', '.join(aic_covered_systems()) or '(not installed)'}")
 ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_prefill_tokens", "prefill_ms",
-                                                "prefill_tables", "hand_prefill_fast_ms", "hand_prefill_ms",
-                                                "hand_prefill_slow_ms"]].round(1)
+                                                "prefill_tables", "prefill_effective_mfu", "hand_prefill_fast_ms",
+                                                "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3)
 
 # %% [markdown]
 # TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
@@ -411,6 +413,9 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # %% [markdown]
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the
 # outputs are not. Attention uses PyTorch's kernels (no flash_attn package on the H200 here).
-# Time to first token is encoder latency (measured) plus a prefill that is modelled from the
-# language model's size, attention, GPUs and an assumed MFU band, or from the prefill
-# throughput a user measured (`prefill_tokens_per_s`): a model, not a measurement.
+# Time to first token is encoder latency (measured) plus a prefill that is predicted, not
+# measured: by aiconfigurator-core from per-operation tables measured on the device's GPUs (one
+# unchunked prefill at batch 1: no chunked prefill, no queueing, no other requests; beyond its
+# MoE tables it extrapolates, and the rows say so), or by the hand model from the language
+# model's size, attention, GPUs and an assumed MFU band, or from the prefill throughput a user
+# measured (`prefill_tokens_per_s`). The public anchors are other GPUs, precisions and loads.

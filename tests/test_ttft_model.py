@@ -134,7 +134,8 @@ def _h200_rows(images=(1, 16), modes=("eager", "cudagraph"), device="NVIDIA H200
                 rows.append({"variant": variant, "resolution": "1024x1024", "images": n,
                              "vit_tokens": 5476 * n, "mode": mode,
                              "median_ms": ms + (1.0 if mode == "eager" else 0.0),
-                             "device_name": device, "device_kind": "cuda", "git_commit": "abc"})
+                             "device_name": device, "device_kind": "cuda", "git_commit": "abc",
+                             "timer": f"cuda_events_{mode}"})
     return pd.DataFrame(rows)
 
 
@@ -172,6 +173,9 @@ def test_prefill_agrees_with_aiconfigurator_run_by_hand(images, tables):
     assert (row.hand_prefill_fast_ms, row.hand_prefill_ms, row.hand_prefill_slow_ms) == \
         pytest.approx((fast, central, slow))
     assert not row.prefill_ms == pytest.approx(central)
+    assert row.prefill_effective_mfu == pytest.approx(PrefillModel().flops(1369 * images + 200)
+                                                      / (8 * 989e12 * by_hand / 1e3))
+    assert 0.05 < row.prefill_effective_mfu < 0.25  # 9-18% (STUDY_FACTS), not the band's central 30%
 
 
 @needs_aic
@@ -227,6 +231,9 @@ def test_encoder_policies_vllm_default_eager_graph_budget_and_all_graphs():
     enc = rows.set_index(["images", "variant", "encoder_policy"])["encoder_ms"]
     assert enc[(4, "fused", "vllm_encoder_graphs")] == 4 * 23.0 + 1.0
     assert enc[(4, "fused", "cudagraph")] == 4 * 23.0
+    timer = rows.set_index(["images", "variant", "encoder_policy"])["timer"]
+    assert timer[(1, "native", "vllm_encoder_graphs")] == "cuda_events_cudagraph"  # the row it ran
+    assert timer[(4, "native", "vllm_encoder_graphs")] == "cuda_events_eager"
     # a policy whose mode was not timed is left out
     only_eager = pf.ttft_rows(_h200_rows(modes=("eager",)), text_tokens=0, hand=PrefillModel(), why_hand="t")
     assert set(only_eager.encoder_policy) == {"eager"}

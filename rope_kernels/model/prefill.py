@@ -443,12 +443,13 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
     if isinstance(graph_tokens, bool) or not isinstance(graph_tokens, int) or graph_tokens < 0:
         raise ValueError(f"graph_tokens must be an int >= 0, got {graph_tokens!r}")
     text = _tokens(text_tokens)
-    medians = latency.set_index(["variant", "resolution", "images", "mode"])["median_ms"]
+    by_key = latency.drop_duplicates(["variant", "resolution", "images", "mode"]).set_index(
+        ["variant", "resolution", "images", "mode"])
     first = latency.drop_duplicates(["variant", "resolution", "images"])
-    timed = set(latency["mode"])
+    timed_modes = set(latency["mode"])
     # a policy is given only where every mode it can run was timed (vLLM's graphs: both)
     policies = [p for p in ENCODER_POLICIES
-                if ({"eager", "cudagraph"} if p == "vllm_encoder_graphs" else {p}) <= timed]
+                if ({"eager", "cudagraph"} if p == "vllm_encoder_graphs" else {p}) <= timed_modes]
     prefill_cache: dict[int, float] = {}
     rows = []
     for _, r in first.iterrows():
@@ -472,18 +473,23 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
         for policy in policies:
             mode = _policy_mode(policy, merged, graph_tokens)
             key = (r.variant, r.resolution, r.images, mode)
-            if key not in medians.index:
+            if key not in by_key.index:
                 continue
-            encoder_ms = float(medians[key])
+            timed = by_key.loc[key]  # the encoder row this policy runs (its timer, provenance)
+            encoder_ms = float(timed["median_ms"])
             ttft = encoder_ms + prefill["prefill_ms"]
             rows.append({"variant": r.variant, "resolution": r.resolution, "images": int(r.images),
                          "encoder_policy": policy, "encoder_mode": mode, "text_tokens": text,
                          "llm_prefill_tokens": n, "encoder_ms": encoder_ms, **prefill,
                          "ttft_ms": ttft, "encoder_share_pct": 100 * encoder_ms / ttft if ttft else math.nan,
+                         # the hand model's FLOPs over the prefill's time: the MFU it implies
+                         "prefill_effective_mfu": (hand.flops(n) / (hand.gpus * hand.peak_tflops * 1e9
+                                                                    * prefill["prefill_ms"])
+                                                   if prefill["prefill_ms"] > 0 else math.nan),
                          "hand_prefill_fast_ms": fast, "hand_prefill_ms": central,
                          "hand_prefill_slow_ms": slow, "hand_model": hand.describe(),
                          "encoder_graph_tokens": graph_tokens,
-                         **{c: r[c] for c in _CARRIED if c in latency and c != "vit_tokens"},
+                         **{c: timed[c] for c in _CARRIED if c in latency and c != "vit_tokens"},
                          "vit_tokens": int(r.vit_tokens)})
     return pd.DataFrame(rows)
 

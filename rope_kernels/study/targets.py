@@ -161,7 +161,7 @@ TARGETS: tuple[Target, ...] = (
            notes="none runs its QKV projection on cuBLAS: the GEMM's speed is in the gap too"),
     Target("gemm_epilogue_cute_rope_cost", "RoPE's own cost in our CuTe DSL QKV GEMM at most 0.3% of the encoder",
            "issue 34", "encoder_floor_gap", "encoder",
-           "per-round slowdown over gemm_epilogue_cute_norot (the same GEMM, rotation compiled out), median [%]",
+           "per-round slowdown over gemm_epilogue_cute_norot, median [%]",
            ("gemm_epilogue_cute",), "gemm_epilogue_cute_norot", "<=", 0.3, modes=(COLD, "eager"),
            pairing="fixed", unit="%",
            notes="the floor is our own GEMM: the gap is RoPE's, not the GEMM's speed against cuBLAS"),
