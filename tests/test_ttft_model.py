@@ -259,3 +259,33 @@ def test_ttft_command_writes_the_file_from_committed_rows(tmp_path, capsys):
     assert len(out) == 2 * 2 * 3 and set(out.prefill_source) == {"hand model"}
     assert "data: nvidia-h200/time_to_first_token.csv" in capsys.readouterr().out
     assert main(["ttft", "--data-root", str(tmp_path), "--device", "absent"]) == 2
+
+
+@pytest.mark.parametrize("override, match", [
+    ('04_ttft.image_counts_by_resolution={"640x480": [1]}', "does not hold"),
+    ('04_ttft.image_counts_by_resolution={"448x448": []}', "non-empty list"),
+    ('04_ttft.image_counts_by_resolution={"448x448": [0]}', "ints >= 1"),
+    ("04_ttft.llm_moe_ep=3", "must divide llm_tp"),
+    ('04_ttft.prefill="magic"', "auto, aiconfigurator, hand"),
+    ('04_ttft.llm_backend="sglang"', "vllm"),
+])
+def test_notebook_04s_ttft_parameters_are_checked_before_a_run(override, match):
+    from pathlib import Path
+
+    from rope_kernels.study.parameters import ParameterError, study_parameters
+
+    root = Path(__file__).resolve().parents[1]
+    study_parameters("cuda", root=root, notebooks=["04_ttft"])  # the H200 profile itself passes
+    with pytest.raises(ParameterError, match=match):
+        study_parameters("cuda", root=root, notebooks=["04_ttft"], overrides=[override])
+
+
+def test_the_h200_profile_times_16_images_in_at_least_9_rounds_and_the_own_gemm_floor():
+    from pathlib import Path
+
+    from rope_kernels.study.parameters import study_parameters
+
+    p = study_parameters("cuda", root=Path(__file__).resolve().parents[1], notebooks=["04_ttft"])["04_ttft"]
+    assert p["samples"] >= 9 and 16 in p["image_counts"] and "1024x1024" in p["resolutions"]
+    assert "1024x1024" not in p["image_counts_by_resolution"]
+    assert {"gemm_epilogue_cute", "gemm_epilogue_cute_norot", "none"} <= set(p["variants"])

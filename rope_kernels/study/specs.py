@@ -198,6 +198,19 @@ def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
     return None
 
 
+def _ttft_settings_fit(values: Mapping[str, object], kind) -> str | None:
+    """04_ttft: per-resolution image counts name resolutions the run times, and the experts'
+    parallel (``llm_moe_ep``) divides ``llm_tp`` (the experts span the same GPUs)."""
+    extra = [r for r in values.get("image_counts_by_resolution", {}) if r not in values["resolutions"]]
+    if extra:
+        return (f"image_counts_by_resolution names {', '.join(extra)}, which resolutions "
+                f"({', '.join(values['resolutions'])}) does not hold")
+    tp, ep = values.get("llm_tp", 8), values.get("llm_moe_ep", 8)
+    if isinstance(tp, int) and isinstance(ep, int) and ep >= 1 and tp % ep:
+        return f"llm_moe_ep={ep} must divide llm_tp={tp} (MoE TP = llm_tp / llm_moe_ep)"
+    return None
+
+
 # -- the spec types ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Param:
@@ -463,7 +476,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "data_dir": _DATA_DIR,
     }, writes=("encoder_latency.csv", "time_to_first_token.csv"), delivers="encoder_latency.csv",
         shard=Shard("resolutions", lambda item: {"resolution": [item]}),
-        checks=(_some_bucket_fits,)),
+        checks=(_some_bucket_fits, _ttft_settings_fit)),
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,
         "qkv_tokens": Param([37], _qkv_tokens_rule),
