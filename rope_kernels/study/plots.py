@@ -444,6 +444,9 @@ def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = N
                   title="bars: the prefill band's ends")
 
 
+_ANCHOR_MARKERS = ("*", "P", "X", "D", "s")
+
+
 def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                    policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
                    anchors: pd.DataFrame | None = None, floor: str = "none"):
@@ -456,7 +459,7 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
     sub = ttft[ttft["resolution"] == resolution]
     pols = _ordered(sub.encoder_policy, policies)
     names = _ordered(sub.variant, variants)
-    fig, axes = panel_grid(len(pols), ncols=3, sharey=True)
+    fig, axes = panel_grid(len(pols), ncols=3, sharey=True, height=4.8)
     marks = pd.DataFrame() if anchors is None else anchors[anchors["metric"].astype(str).str.startswith("ttft")
                                                           & anchors["after"].notna()
                                                           & (anchors["unit"] == "ms")]
@@ -473,11 +476,9 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
         if len(base):
             ax.fill_between(base.images, base.encoder_ms + base.hand_prefill_fast_ms,
                             base.encoder_ms + base.hand_prefill_slow_ms, color="0.6", alpha=0.25, lw=0)
-        for _, a in marks.iterrows():
-            ax.plot([a["images"]], [a["after"]], marker="*", ms=10, color="#444444", ls="none")
-            ax.annotate(f"{a['source']}: {a['hardware']}, {a['metric']}", (a["images"], a["after"]),
-                        xytext=(6, 0), textcoords="offset points", fontsize=7, va="center",
-                        color="#444444")
+        for i, (_, a) in enumerate(marks.iterrows()):
+            ax.plot([a["images"]], [a["after"]], marker=_ANCHOR_MARKERS[i % len(_ANCHOR_MARKERS)], ms=8,
+                    color="#444444", mfc="none", ls="none")
         _image_axis(ax, panel.images)
         ax.set_ylim(bottom=0)
         ax.set_title(textwrap.fill(pol, 40))
@@ -486,8 +487,10 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                                   + " " + sub.prefill_parallelism.astype(str))))
     extra = [Line2D([], [], color="k", ls=":", label="LLM prefill alone"),
              Patch(color="0.6", alpha=0.25, label="native + hand-model prefill band")]
-    if len(marks):
-        extra.append(Line2D([], [], marker="*", ms=10, color="#444444", ls="none",
-                            label="public anchors (other setups: context)"))
+    for i, (_, a) in enumerate(marks.iterrows()):  # other models, GPUs and loads: context
+        extra.append(Line2D([], [], marker=_ANCHOR_MARKERS[i % len(_ANCHOR_MARKERS)], ms=8, color="#444444",
+                            mfc="none", ls="none",
+                            label=textwrap.fill(f"{a['source']} ({a['model']}, {a['hardware']}, {a['setup']}): "
+                                                f"{a['metric']} {a['after']:g} ms", 48)))
     return finish(fig, sub, _variant_handles(names, floor), extra=extra,
                   title=textwrap.fill(f"{resolution}; prefill: {source}", max(40, int(fig.get_figwidth() * 7))))
