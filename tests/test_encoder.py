@@ -223,3 +223,31 @@ def test_encoder_target_judges_ropes_cost_against_our_own_gemm(cute, verdict):
     rows = _bucket_rows(cute, floor) if cute else _bucket_rows([350.0], None)
     got = evaluate({"encoder": rows}, [target])
     assert list(got.verdict) == [verdict, verdict]
+
+
+def test_own_gemm_floor_runs_the_cute_kernel_with_its_rotation_compiled_out(monkeypatch):
+    """The encoder wiring, on any machine: gemm_epilogue_cute calls our CuTe QKV kernel with
+    the rotation on, gemm_epilogue_cute_norot the same kernel (same config otherwise) with it
+    compiled out. The kernel is replaced by its plain projection (CPU)."""
+    from rope_kernels.model import vit
+
+    configs = []
+
+    def fake(linear, h, coords, heads, head_dim, *, theta=10000.0, config=None):
+        configs.append(config)
+        return linear(h).view(h.shape[0], 3, heads, head_dim)
+
+    monkeypatch.setattr(vit, "rotating_qkv_projection_cute", fake)
+    monkeypatch.setattr(vit, "encoder_only_absent", lambda: {})
+    cfg = EncoderConfig.small()
+    model = MoonViTEncoder(cfg, dtype=torch.float32, seed=2)
+    inp = encoder_inputs([(1, 4, 4)], cfg, dtype=torch.float32)
+    floor = model(inp.patches, inp.grids, rope="gemm_epilogue_cute_norot")
+    assert [c.rotate for c in configs] == [False] * cfg.layers
+    configs.clear()
+    model(inp.patches, inp.grids, rope="gemm_epilogue_cute")
+    assert [c.rotate for c in configs] == [True] * cfg.layers
+    from dataclasses import replace
+    assert replace(configs[0], rotate=False) == vit.CuteQKVConfig(rotate=False)  # only the rotation differs
+    # with the projection alone (no rotation), the floor is the encoder with RoPE skipped
+    assert torch.allclose(floor, model(inp.patches, inp.grids, rope="none"), atol=1e-5)
