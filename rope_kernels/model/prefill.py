@@ -234,8 +234,6 @@ def aic_system(device_name: str) -> str:
     if not isinstance(device_name, str):
         raise TypeError(f"device_name must be a string, got {device_name!r}")
     name = device_name.lower().replace("-", " ").replace("_", " ")
-    if "nvidia" not in name and not any(n.split()[0] in name for n, _ in _SYSTEMS):
-        return ""
     return next((system for part, system in _SYSTEMS if part in name), "")
 
 
