@@ -34,6 +34,13 @@ llm_active_params_b = 32.0  # billions of parameters per token (Kimi-K2.5's LLM:
 llm_gpus = 8  # GPUs the language model is served on
 llm_peak_tflops = 989.0  # dense bf16 TFLOP/s per GPU (H200)
 llm_mfu = [0.15, 0.30, 0.45]  # assumed model FLOPs utilisation: low, central, high
+# the prefill from aiconfigurator-core (the `ttft` extra) for the device that timed the encoder:
+prefill = "auto"  # auto (aiconfigurator where installed, with tables) | aiconfigurator | hand
+llm_backend = "vllm"  # aiconfigurator's tables (its SGLang/TRT-LLM paths mis-size Kimi's attention)
+llm_tp = 8  # tensor parallel of attention and dense layers
+llm_moe_ep = 8  # expert parallel of the routed experts (MoE TP = llm_tp / llm_moe_ep)
+encoder_graph_tokens = 5120  # vLLM's largest encoder CUDA graph, in merged tokens
+image_counts_by_resolution = {}  # resolution -> image counts, in place of image_counts there
 seed = 0
 progress = True
 data_dir = ""  # where to upsert encoder_latency.csv; empty: do not save
@@ -88,8 +95,8 @@ cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
-prefill = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_gpus,
-                       peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
+prefill_model = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_gpus,
+                             peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
 from rope_kernels import VARIANTS
 from rope_kernels.bench.encoder_bench import encoder_not_run
 not_run = encoder_not_run(variants, cfg.head_dim, parse_dtype(dtype))  # absent, or not this head_dim/dtype
@@ -105,7 +112,7 @@ pd.Series(provenance(kind)).to_frame("this run")
 # Patch grids and token counts per bucket (vision tokens before the merge; the LLM sees a quarter):
 
 # %%
-buckets = [make_bucket(r, n) for r in resolutions for n in image_counts]
+buckets = [make_bucket(r, n) for r in resolutions for n in image_counts_by_resolution.get(r, image_counts)]
 skipped = [b for b in buckets if b.vit_tokens > max_tokens]
 buckets = [b for b in buckets if b.vit_tokens <= max_tokens]
 pd.DataFrame([{"resolution": b.resolution, "images": b.images, "grid (t,h,w)": b.grids[0],
@@ -137,7 +144,7 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
                         copy_gbps=copy_gbps, layers=cfg.layers, encoder=encoder)
     del inp
 # measured encoder latency, plus the modelled time to first token (modelled_ columns; see below)
-latency = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill, text_tokens)
+latency = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill_model, text_tokens)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
     upsert_csv(Path(data_dir) / "encoder_latency.csv", latency)  # key: specs.RESULT_FILES
@@ -150,12 +157,15 @@ latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", v
 # the same encoder running native RoPE (the kernel checker's rule, applied to the whole encoder):
 # `max_rel_err_vs_fp32` (max |out - reference| / max |reference|, in the rows) must be at most
 # twice the native bf16 encoder's own (`agreement_tol_rel`); `max_rel_err_vs_native` says how far
-# each is from native's output. The floor (`none`) skips RoPE and must fail: the check can fail.
+# each is from native's output. The floors (`none`, and `gemm_epilogue_cute_norot`: our CuTe QKV
+# GEMM with its rotation compiled out) skip RoPE and must fail: the check can fail.
 
 # %%
+from rope_kernels.vocabulary import ROPE_FREE_FLOORS
 agreed = latency[latency["mode"] == modes[0]].assign(agrees=lambda d: agrees_with_native(d))
-assert agreed[agreed.variant != "none"].agrees.all(), agreed[~agreed.agrees]
-assert not agreed[agreed.variant == "none"].agrees.any(), "skipping RoPE agreed with native"
+floors = agreed.variant.isin(ROPE_FREE_FLOORS)
+assert agreed[~floors].agrees.all(), agreed[~agreed.agrees]
+assert not agreed[floors].agrees.any(), "skipping RoPE agreed with native"
 agreed.pivot_table(index=["resolution", "images"], columns="variant", values="agrees", aggfunc="all")
 
 # %% [markdown]
@@ -255,7 +265,10 @@ else:
 # [p20, p80] over rounds): the fused encoder against vLLM 0.33's in-place path
 # (`vllm_packed_qk`), SGLang's, and the merged PR path; `gemm_epilogue` (RoPE in the QKV
 # GEMM's epilogue, our Triton kernel) and `gemm_epilogue_cute` (our CuTe DSL kernel, sm_90
-# only) against the floor (RoPE skipped) and against fused, out of and in place.
+# only) against the floor (RoPE skipped) and against fused, out of and in place; and
+# `gemm_epilogue_cute` against the same CuTe GEMM with its rotation compiled out
+# (`gemm_epilogue_cute_norot`): RoPE's own cost there, apart from the GEMM's speed (the floor
+# `none` runs its projection on cuBLAS, which `gemm_epilogue_cute_norot` against `none` shows).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -263,7 +276,8 @@ pairs = [("fused", "vllm_packed_qk"), ("fused_inplace", "vllm_packed_qk"), ("fus
          ("fused", "vllm_merged"), ("fused", "native"), ("gemm_epilogue", "none"),
          ("gemm_epilogue", "fused"), ("gemm_epilogue", "fused_inplace"),
          ("gemm_epilogue_cute", "none"), ("gemm_epilogue_cute", "fused"),
-         ("gemm_epilogue_cute", "fused_inplace")]
+         ("gemm_epilogue_cute", "fused_inplace"), ("gemm_epilogue_cute", "gemm_epilogue_cute_norot"),
+         ("gemm_epilogue_cute_norot", "none")]
 gains = []
 for (res, n, mode), times in round_times.items():
     for a, b in pairs:
@@ -286,7 +300,7 @@ if len(gains):
 # band its uncertain ones (MFU) give:
 
 # %%
-prefill.assumptions()
+prefill_model.assumptions()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -310,6 +324,88 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
                                values="saving_pct_of_ttft")).round(2)
 
 # %% [markdown]
+# ## Time to first token as a serving engine sees it
+#
+# The prefill above is a hand model with an assumed MFU. Here it comes from NVIDIA's
+# aiconfigurator-core where it is installed (the `ttft` extra) and has tables for the device
+# that timed the encoder (an H200's rows get its `h200_sxm` tables on any machine; `python -m
+# rope_kernels ttft --device nvidia-h200 --write` recomputes the file from committed rows on a
+# CPU): Kimi-K2.5's language model with vLLM's tables at `llm_tp` / `llm_moe_ep`, batch 1, input
+# = merged vision tokens + `text_tokens`. Every row names the prefill's source, backend, system,
+# parallelism, package version and whether its MoE tables cover the tokens ("measured tables")
+# or not ("extrapolated"); where aiconfigurator cannot run the hand model's central value is
+# used and the row says why. The hand model's band stays in every row as the cross-check.
+#
+# Encoder policies: `eager` is vLLM's default (encoder CUDA graphs off); `vllm_encoder_graphs`
+# is vLLM with encoder CUDA graphs on, whose largest graph covers `encoder_graph_tokens` merged
+# tokens (about 3.7 images of 1024x1024; more images run eager); `cudagraph` is all graphs.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_savings
+from rope_kernels.study.results import upsert_csv
+
+ttft = device_ttft(latency, text_tokens=text_tokens, hand=prefill_model, source=prefill,
+                   graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
+                   moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
+if data_dir:
+    upsert_csv(Path(data_dir) / "time_to_first_token.csv", ttft)  # key: specs.RESULT_FILES
+    print(data_line(Path(data_dir) / "time_to_first_token.csv"))
+first = ttft.iloc[0]
+print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_model}; "
+      f"{first.prefill_system} {first.prefill_backend} {first.prefill_tables_version} "
+      f"{first.prefill_parallelism}; {first.prefill_note}")
+print(f"aiconfigurator's vLLM tables for Kimi-K2.5 cover: {', '.join(aic_covered_systems()) or '(not installed)'}")
+ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_prefill_tokens", "prefill_ms",
+                                                "prefill_tables", "prefill_effective_mfu", "hand_prefill_fast_ms",
+                                                "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3)
+
+# %% [markdown]
+# TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
+# public anchors (`data/reference/ttft_anchors.csv`) are other models, GPUs and loads: context,
+# not like for like (their setups are in the table below the plot).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rope_kernels.study.devices import REPO_ROOT
+anchors = pd.read_csv(REPO_ROOT / "data" / "reference" / "ttft_anchors.csv")
+for r in resolutions:
+    if r in set(ttft.resolution):
+        plots.ttft_vs_images(ttft, resolution=r, variants=variants,
+                             anchors=anchors if r == "1024x1024" else None)
+        plt.show()
+anchors[["source", "hardware", "model", "setup", "metric", "before", "after", "unit"]]
+
+# %% [markdown]
+# vLLM's default (encoder eager) beside encoder CUDA graphs as vLLM captures them (up to
+# `encoder_graph_tokens` merged tokens) and all graphs: TTFT with native RoPE and with ours, and
+# the change graphs make (vLLM PR #41992 reported -16.4% mean TTFT on Kimi-VL, RTX 4090):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+graphs = ttft[ttft.variant.isin(["native", "fused"])].pivot_table(
+    index=["resolution", "images", "variant"], columns="encoder_policy", values="ttft_ms")
+for policy in ("vllm_encoder_graphs", "cudagraph"):
+    if {"eager", policy} <= set(graphs.columns):
+        graphs[f"{policy} vs eager [%]"] = 100 * (graphs[policy] - graphs["eager"]) / graphs["eager"]
+graphs.round(2)
+
+# %% [markdown]
+# What each RoPE choice buys in TTFT over native (ms and % of native's TTFT), and the encoder's
+# share of TTFT, per encoder policy:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+buys = ttft_savings(ttft)
+with_units(buys.pivot_table(index=["resolution", "images", "encoder_policy"], columns="variant",
+                            values=["saving_ms", "saving_pct_of_ttft"])).round(2)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ttft.pivot_table(index=["resolution", "images"], columns=["encoder_policy", "variant"],
+                 values="encoder_share_pct").rename_axis(columns=["encoder share of TTFT [%]", ""]).round(1)
+
+# %% [markdown]
 # ## The study's targets
 #
 # Judged from this run's rows by `rope_kernels.study.targets` (one tested table of every target;
@@ -331,6 +427,9 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # %% [markdown]
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the
 # outputs are not. Attention uses PyTorch's kernels (no flash_attn package on the H200 here).
-# Time to first token is encoder latency (measured) plus a prefill that is modelled from the
-# language model's size, attention, GPUs and an assumed MFU band, or from the prefill
-# throughput a user measured (`prefill_tokens_per_s`): a model, not a measurement.
+# Time to first token is encoder latency (measured) plus a prefill that is predicted, not
+# measured: by aiconfigurator-core from per-operation tables measured on the device's GPUs (one
+# unchunked prefill at batch 1: no chunked prefill, no queueing, no other requests; beyond its
+# MoE tables it extrapolates, and the rows say so), or by the hand model from the language
+# model's size, attention, GPUs and an assumed MFU band, or from the prefill throughput a user
+# measured (`prefill_tokens_per_s`). The public anchors are other GPUs, precisions and loads.

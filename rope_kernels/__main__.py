@@ -241,6 +241,39 @@ def _findings(args) -> int:
     return 0
 
 
+def _ttft(args) -> int:
+    from rope_kernels.model.prefill import PrefillModel, device_ttft
+    from rope_kernels.study.devices import REPO_ROOT, data_line
+    from rope_kernels.study.results import read_table, upsert_csv
+
+    folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / args.device
+    source = folder / "encoder_latency.csv"
+    if not source.exists():
+        print(f"rope-study: error: no {source}", file=sys.stderr)
+        return 2
+    try:
+        latency = read_table(source)
+        if args.images:
+            latency = latency[latency["images"].isin(args.images)]
+        rows = device_ttft(latency, text_tokens=args.text_tokens, hand=PrefillModel(), source=args.prefill,
+                           graph_tokens=args.encoder_graph_tokens, backend=args.backend, tp=args.tp,
+                           moe_tp=args.tp // args.moe_ep if args.tp % args.moe_ep == 0 else 0,
+                           moe_ep=args.moe_ep)
+    except (ValueError, RuntimeError) as exc:
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
+    shown = rows.pivot_table(index=["resolution", "images", "llm_prefill_tokens", "prefill_ms"],
+                             columns=["encoder_policy", "variant"], values="ttft_ms")
+    print(shown.round(1).to_string())
+    first = rows.iloc[0]
+    print(f"prefill: {first.prefill_source} {first.prefill_package} {first.prefill_system} "
+          f"{first.prefill_backend} {first.prefill_parallelism} {first.prefill_note}".rstrip())
+    if args.write:
+        upsert_csv(folder / "time_to_first_token.csv", rows)
+        print(data_line(folder / "time_to_first_token.csv"))
+    return 0
+
+
 DESCRIPTION = ("Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5): run the notebooks for "
                "this machine's device, rebuild the index, refresh the notebooks' stored outputs, "
                "or prepare offline GPU nodes. `rope-study run --help` lists the notebooks and "
@@ -385,6 +418,22 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--write", action="store_true", help="replace the section between the markers")
     what.add_argument("--check", action="store_true", help="exit 1 when the README's section differs")
     f.set_defaults(func=_findings)
+
+    tt = sub.add_parser("ttft", help="time to first token per RoPE choice from a device's "
+                        "encoder_latency.csv: the prefill from aiconfigurator-core's tables for that "
+                        "device (the `ttft` extra; no GPU needed), else the hand model")
+    tt.add_argument("--device", default="nvidia-h200", help="a folder under data/ (default nvidia-h200)")
+    tt.add_argument("--data-root", default="", help="default: this checkout's data/")
+    tt.add_argument("--prefill", default="auto", choices=("auto", "aiconfigurator", "hand"))
+    tt.add_argument("--text-tokens", type=int, default=200, help="text tokens besides the images")
+    tt.add_argument("--backend", default="vllm", choices=("vllm",))
+    tt.add_argument("--tp", type=int, default=8)
+    tt.add_argument("--moe-ep", type=int, default=8)
+    tt.add_argument("--encoder-graph-tokens", type=int, default=5120,
+                    help="vLLM's largest encoder CUDA graph, in merged tokens")
+    tt.add_argument("--images", type=int, action="append", help="only these image counts (repeatable)")
+    tt.add_argument("--write", action="store_true", help="upsert data/<device>/time_to_first_token.csv")
+    tt.set_defaults(func=_ttft)
 
     n = sub.add_parser("refresh-notebooks",
                        help="re-execute notebooks with their default (CPU) parameters, in place")

@@ -367,7 +367,8 @@ def rope_triton_kernels() -> tuple[str, ...]:
 def encoder_only_absent() -> dict[str, str]:
     """The encoder-only RoPE modes (``vocabulary.ENCODER_ONLY_ROPE``) that cannot run
     here -> why: ``gemm_epilogue_quack`` needs QuACK's GEMM (peers/quack_gemm.py),
-    ``gemm_epilogue_cute`` an sm_90 GPU with CuTe DSL (kernels/qkv_cute.py)."""
+    ``gemm_epilogue_cute`` and its floor ``gemm_epilogue_cute_norot`` an sm_90 GPU with
+    CuTe DSL (kernels/qkv_cute.py)."""
     from rope_kernels.kernels import qkv_cute
     from rope_kernels.peers import quack_gemm
 
@@ -377,7 +378,7 @@ def encoder_only_absent() -> dict[str, str]:
         absent["gemm_epilogue_quack"] = why
     ok, why = qkv_cute.availability()
     if not ok:
-        absent["gemm_epilogue_cute"] = why
+        absent["gemm_epilogue_cute"] = absent["gemm_epilogue_cute_norot"] = why
     return absent
 
 

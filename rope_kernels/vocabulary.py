@@ -28,7 +28,9 @@ IN_PLACE_VARIANTS = _catalogued("rope", inplace=True)
 # (q and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
 # step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs with
 # nvidia-cutlass-dsl only) and "gemm_epilogue_quack" (the same in QuACK's GEMM; only
-# where QuACK runs): the catalogue's encoder names that are no registry variant.
+# where QuACK runs); "gemm_epilogue_cute_norot" is our CuTe DSL kernel with its rotation
+# compiled out, a floor on our own GEMM (RoPE's cost in gemm_epilogue_cute is gemm_epilogue_cute
+# minus it): the catalogue's encoder names that are no registry variant.
 ENCODER_ONLY_ROPE = tuple(n for n in _catalogued("encoder") if n not in KNOWN_VARIANTS)
 # Kimi-K2.5's vision tower per rank, as the study times it: head_dim, heads per rank at
 # TP 1, 4 and 8, and the token counts of 1, 4, 8 and 16 images of 1024x1024 (computed
@@ -36,6 +38,8 @@ ENCODER_ONLY_ROPE = tuple(n for n in _catalogued("encoder") if n not in KNOWN_VA
 KIMI_HEAD_DIM = 72
 KIMI_HEADS = (16, 4, 2)
 KIMI_IMAGES = (1, 4, 8, 16)
+# The encoder modes that skip RoPE (floors): their output must miss native's.
+ROPE_FREE_FLOORS = ("none", "gemm_epilogue_cute_norot")
 # How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
 ENCODERS = ("small", "kimi_k25")

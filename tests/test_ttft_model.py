@@ -116,3 +116,176 @@ def test_the_modelled_columns_are_the_ones_results_declares():
     added = set(add_ttft(_encoder_rows(), PrefillModel(), 0).columns) - set(_encoder_rows().columns)
     assert added == set(MODELLED_TTFT_COLUMNS)
     assert set(MODELLED_TTFT_COLUMNS) <= set(TABLES["encoder_latency.csv"].added)
+
+
+# -- the prefill from aiconfigurator-core, the TTFT rows per encoder policy ------------------
+
+from rope_kernels.model import prefill as pf  # noqa: E402
+
+needs_aic = pytest.mark.skipif(not pf.aiconfigurator_version(),
+                               reason="aiconfigurator-core (the ttft extra) is not installed")
+
+
+def _h200_rows(images=(1, 16), modes=("eager", "cudagraph"), device="NVIDIA H200"):
+    rows = []
+    for n in images:
+        for mode in modes:
+            for variant, ms in (("native", 25.0 * n), ("fused", 23.0 * n)):
+                rows.append({"variant": variant, "resolution": "1024x1024", "images": n,
+                             "vit_tokens": 5476 * n, "mode": mode,
+                             "median_ms": ms + (1.0 if mode == "eager" else 0.0),
+                             "device_name": device, "device_kind": "cuda", "git_commit": "abc",
+                             "timer": f"cuda_events_{mode}"})
+    return pd.DataFrame(rows)
+
+
+def test_device_names_map_to_aiconfigurator_systems():
+    assert pf.aic_system("NVIDIA H200") == "h200_sxm"
+    assert pf.aic_system("nvidia-h200") == "h200_sxm"  # a data folder's name
+    assert pf.aic_system("NVIDIA H100 80GB HBM3") == "h100_sxm"
+    assert pf.aic_system("NVIDIA B200") == "b200_sxm"
+    assert pf.aic_system("cpu") == "" and pf.aic_system("AMD Instinct MI300X") == ""
+    with pytest.raises(TypeError, match="string"):
+        pf.aic_system(None)
+
+
+@needs_aic
+@pytest.mark.parametrize("images, tables", [(1, "measured tables"), (16, "extrapolated")])
+def test_prefill_agrees_with_aiconfigurator_run_by_hand(images, tables):
+    """The TTFT rows of an H200's encoder rows (computed here, on whatever machine) carry the
+    prefill aiconfigurator gives when called by hand with the same settings: Kimi-K2.5,
+    h200_sxm, vLLM, TP8 + EP8, batch 1, 1369 merged tokens per image + 200 text tokens."""
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    by_hand = EngineHandle.compile("moonshotai/Kimi-K2.5", "h200_sxm", "vllm", tp_size=8,
+                                   moe_tp_size=1, moe_ep_size=8).predict_prefill_latency(1, 1369 * images + 200)
+    rows = pf.device_ttft(_h200_rows(), text_tokens=200, hand=PrefillModel())
+    row = rows[(rows.images == images) & (rows.variant == "native") & (rows.encoder_policy == "eager")].iloc[0]
+    assert row.prefill_ms == pytest.approx(by_hand, rel=1e-9)
+    assert row.llm_prefill_tokens == 1369 * images + 200
+    assert row.prefill_source == "aiconfigurator" and row.prefill_system == "h200_sxm"
+    assert row.prefill_backend == "vllm" and row.prefill_parallelism.startswith("TP8 + EP8")
+    assert row.prefill_package == f"aiconfigurator-core {pf.aiconfigurator_version()}"
+    assert row.prefill_tables.startswith(tables)
+    assert row.ttft_ms == pytest.approx(25.0 * images + 1.0 + by_hand)  # eager native encoder + prefill
+    # the hand band is beside it, as a cross-check, and is not what the TTFT used
+    fast, central, slow = PrefillModel().prefill_ms(1369 * images + 200)
+    assert (row.hand_prefill_fast_ms, row.hand_prefill_ms, row.hand_prefill_slow_ms) == \
+        pytest.approx((fast, central, slow))
+    assert not row.prefill_ms == pytest.approx(central)
+    assert row.prefill_effective_mfu == pytest.approx(PrefillModel().flops(1369 * images + 200)
+                                                      / (8 * 989e12 * by_hand / 1e3))
+    assert 0.05 < row.prefill_effective_mfu < 0.25  # 9-18% (STUDY_FACTS), not the band's central 30%
+
+
+@needs_aic
+def test_aiconfigurator_settings_change_the_prefill_and_bad_ones_are_refused():
+    one = pf.AIConfiguratorPrefill("h200_sxm")
+    wider = pf.AIConfiguratorPrefill("h200_sxm", tp=4, moe_tp=1, moe_ep=4)
+    assert one.prefill_ms(5000) != wider.prefill_ms(5000)
+    assert one.prefill_ms(0) == 0.0
+    assert "h200_sxm" in pf.aic_covered_systems("vllm")
+    assert one.moe_tables_end() > 0
+    assert one.coverage(one.moe_tables_end()) == "measured tables"
+    assert one.coverage(one.moe_tables_end() + 1).startswith("extrapolated")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"backend": "sglang"}, "128 heads"), ({"tp": 8, "moe_tp": 2, "moe_ep": 8}, "moe_tp x moe_ep"),
+    ({"tp": 0}, "tp must be"), ({"batch": True}, "batch must be"), ({"system": ""}, "system"),
+])
+def test_bad_aiconfigurator_settings_are_one_line_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pf.AIConfiguratorPrefill(**{"system": "h200_sxm", **kwargs})
+
+
+def test_where_aiconfigurator_cannot_run_the_hand_model_is_used_and_the_row_says_why(monkeypatch):
+    cpu = pf.device_ttft(_h200_rows(device="cpu"), text_tokens=64, hand=PrefillModel())
+    assert set(cpu.prefill_source) == {"hand model"}
+    assert cpu.prefill_note.str.contains("no tables for 'cpu'|not installed").all()
+    assert np.allclose(cpu.prefill_ms, cpu.hand_prefill_ms)
+    with pytest.raises(ValueError, match="cannot run"):
+        pf.choose_prefill("cpu", "aiconfigurator")
+    asked = pf.device_ttft(_h200_rows(), text_tokens=64, hand=PrefillModel(), source="hand")
+    assert set(asked.prefill_source) == {"hand model"} and asked.prefill_note.str.contains("asked").all()
+    monkeypatch.setattr(pf, "aiconfigurator_version", lambda: "")  # as on a machine without the extra
+    absent = pf.device_ttft(_h200_rows(), text_tokens=64, hand=PrefillModel())
+    assert set(absent.prefill_source) == {"hand model"}
+    assert absent.prefill_note.str.contains("not installed").all()
+    with pytest.raises(ValueError, match="prefill source"):
+        pf.choose_prefill("NVIDIA H200", "guess")
+    with pytest.raises(ValueError, match="why_hand"):
+        pf.ttft_rows(_h200_rows(), text_tokens=0, hand=PrefillModel())
+    with pytest.raises(ValueError, match="one device"):
+        pf.device_ttft(pd.concat([_h200_rows(), _h200_rows(device="cpu")]), text_tokens=0, hand=PrefillModel())
+
+
+def test_encoder_policies_vllm_default_eager_graph_budget_and_all_graphs():
+    """vLLM's encoder graphs cover up to its largest graph's merged tokens; more images run eager."""
+    rows = pf.ttft_rows(_h200_rows(images=(1, 4)), text_tokens=0, hand=PrefillModel(tokens_per_s=1e4),
+                        why_hand="test")
+    mode = rows.set_index(["images", "variant", "encoder_policy"])["encoder_mode"]
+    assert mode[(1, "native", "eager")] == "eager" and mode[(4, "native", "cudagraph")] == "cudagraph"
+    assert mode[(1, "native", "vllm_encoder_graphs")] == "cudagraph"  # 1369 <= 5120 merged tokens
+    assert mode[(4, "native", "vllm_encoder_graphs")] == "eager"  # 5476 > 5120
+    enc = rows.set_index(["images", "variant", "encoder_policy"])["encoder_ms"]
+    assert enc[(4, "fused", "vllm_encoder_graphs")] == 4 * 23.0 + 1.0
+    assert enc[(4, "fused", "cudagraph")] == 4 * 23.0
+    timer = rows.set_index(["images", "variant", "encoder_policy"])["timer"]
+    assert timer[(1, "native", "vllm_encoder_graphs")] == "cuda_events_cudagraph"  # the row it ran
+    assert timer[(4, "native", "vllm_encoder_graphs")] == "cuda_events_eager"
+    # a policy whose mode was not timed is left out
+    only_eager = pf.ttft_rows(_h200_rows(modes=("eager",)), text_tokens=0, hand=PrefillModel(), why_hand="t")
+    assert set(only_eager.encoder_policy) == {"eager"}
+    buys = pf.ttft_savings(rows)
+    one = buys[(buys.images == 1) & (buys.encoder_policy == "eager")].iloc[0]
+    ttft_native = 26.0 + 1369 / 1e4 * 1e3
+    assert one.saving_ms == pytest.approx(2.0)
+    assert one.saving_pct_of_ttft == pytest.approx(100 * 2.0 / ttft_native)
+    assert one.encoder_share_pct == pytest.approx(100 * 24.0 / (24.0 + 136.9))
+    with pytest.raises(ValueError, match="'liger' has no rows"):
+        pf.ttft_savings(rows, baseline="liger")
+
+
+def test_ttft_command_writes_the_file_from_committed_rows(tmp_path, capsys):
+    from rope_kernels.__main__ import main
+    from rope_kernels.study.results import read_table
+
+    dev = tmp_path / "nvidia-h200"
+    dev.mkdir()
+    _h200_rows().to_csv(dev / "encoder_latency.csv", index=False)
+    assert main(["ttft", "--data-root", str(tmp_path), "--prefill", "hand", "--write"]) == 0
+    out = read_table(dev / "time_to_first_token.csv")
+    assert len(out) == 2 * 2 * 3 and set(out.prefill_source) == {"hand model"}
+    assert "data: nvidia-h200/time_to_first_token.csv" in capsys.readouterr().out
+    assert main(["ttft", "--data-root", str(tmp_path), "--device", "absent"]) == 2
+
+
+@pytest.mark.parametrize("override, match", [
+    ('04_ttft.image_counts_by_resolution={"640x480": [1]}', "does not hold"),
+    ('04_ttft.image_counts_by_resolution={"448x448": []}', "non-empty list"),
+    ('04_ttft.image_counts_by_resolution={"448x448": [0]}', "ints >= 1"),
+    ("04_ttft.llm_moe_ep=3", "must divide llm_tp"),
+    ('04_ttft.prefill="magic"', "auto, aiconfigurator, hand"),
+    ('04_ttft.llm_backend="sglang"', "vllm"),
+])
+def test_notebook_04s_ttft_parameters_are_checked_before_a_run(override, match):
+    from pathlib import Path
+
+    from rope_kernels.study.parameters import ParameterError, study_parameters
+
+    root = Path(__file__).resolve().parents[1]
+    study_parameters("cuda", root=root, notebooks=["04_ttft"])  # the H200 profile itself passes
+    with pytest.raises(ParameterError, match=match):
+        study_parameters("cuda", root=root, notebooks=["04_ttft"], overrides=[override])
+
+
+def test_the_h200_profile_times_16_images_in_at_least_9_rounds_and_the_own_gemm_floor():
+    from pathlib import Path
+
+    from rope_kernels.study.parameters import study_parameters
+
+    p = study_parameters("cuda", root=Path(__file__).resolve().parents[1], notebooks=["04_ttft"])["04_ttft"]
+    assert p["samples"] >= 9 and 16 in p["image_counts"] and "1024x1024" in p["resolutions"]
+    assert "1024x1024" not in p["image_counts_by_resolution"]
+    assert {"gemm_epilogue_cute", "gemm_epilogue_cute_norot", "none"} <= set(p["variants"])

@@ -24,6 +24,7 @@ from rope_kernels.bench.timing import (median_p20_p80, round_positions, shuffled
                                        summarize)
 from rope_kernels.model.vit import EncoderInputs, MoonViTEncoder, encoder_inputs
 from rope_kernels.variants import VARIANTS, peer_columns, rope_triton_kernels
+from rope_kernels.vocabulary import ROPE_FREE_FLOORS
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def rope_profile(model: MoonViTEncoder, inp: EncoderInputs, rope: str,
     """(RoPE time, all time) of one profiled forward, in milliseconds. On a GPU:
     RoPE's device time in place (its kernels on the encoder's own tensors) and all
     device time (``attribute_rope_time``); on the CPU: the CPU time of the ``rope``
-    ranges and of the forward. RoPE time is 0 for ``none``."""
+    ranges and of the forward. RoPE time is 0 for the floors (``ROPE_FREE_FLOORS``)."""
     cuda = inp.patches.device.type == "cuda"
     _forward(model, inp, rope, attention)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -271,7 +272,7 @@ def rope_profile(model: MoonViTEncoder, inp: EncoderInputs, rope: str,
         events = [e for e in prof.events() if _is_cpu(e)]
         total = sum(e.cpu_time_total for e in events if getattr(e, "cpu_parent", None) is None)
         inside = sum(e.cpu_time_total for e in events if e.name == "rope")
-    return (0.0 if rope == "none" else inside / 1e3), total / 1e3
+    return (0.0 if rope in ROPE_FREE_FLOORS else inside / 1e3), total / 1e3
 
 
 def forward_peak_mb(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str) -> float:

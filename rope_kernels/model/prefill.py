@@ -193,3 +193,329 @@ def rope_saving_pct_of_ttft(ttft: pd.DataFrame, variant: str, baseline: str = "n
         if col in a:
             out[col] = a[col].reindex(out.index)
     return out.reset_index().assign(variant=variant, against=baseline)
+
+
+# -- the prefill from aiconfigurator-core (optional: the `ttft` extra) ---------------------
+#
+# NVIDIA's aiconfigurator-core predicts an LLM's context (prefill) phase from per-operation
+# tables measured on real GPUs; Kimi-K2.5's language model is built in (routed experts int4 as
+# W4A16 Marlin, MLA attention and shared experts bf16). It runs on a CPU in about a second, so
+# the prefill of an H200 deployment is computed from h200_sxm's tables wherever this runs.
+# Pitfalls it has, handled here: its SGLang and TRT-LLM paths size Kimi's MLA attention with 128
+# heads, not 64 (only its vLLM tables are used); it ignores the vision encoder (the vision tokens
+# are put into the input length here); its MoE tables end at a finite token count (beyond is
+# extrapolation: the row says so); it models one unchunked prefill (no chunking, no queueing).
+
+AIC_PACKAGE = "aiconfigurator-core"
+AIC_MODEL = "moonshotai/Kimi-K2.5"
+AIC_BACKENDS = ("vllm",)  # its SGLang/TRT-LLM paths mis-size Kimi's attention (128 heads)
+# Kimi-K2.5's routed experts as its MoE tables key them (hidden, experts, dtype)
+_KIMI_MOE = {"hidden_size": 7168, "num_experts": 384, "moe_dtype": "int4_wo"}
+# torch's device names -> aiconfigurator's system names (first match of a lower-case part)
+_SYSTEMS = (("gb300", "gb300"), ("gb200", "gb200"), ("b300", "b300_sxm"), ("b200", "b200_sxm"),
+            ("h200", "h200_sxm"), ("h100 pcie", "h100_pcie"), ("h100", "h100_sxm"),
+            ("a100", "a100_sxm"), ("l40s", "l40s"), ("rtx pro 6000", "rtx_pro_6000_server"))
+
+
+def aiconfigurator_version() -> str:
+    """The installed aiconfigurator-core's version, or "" where it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(AIC_PACKAGE)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def aic_system(device_name: str) -> str:
+    """aiconfigurator's system name for a torch device name or a data folder name
+    ("NVIDIA H200", "nvidia-h200" -> "h200_sxm"); "" for a device it does not name
+    (a CPU, an AMD GPU)."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a string, got {device_name!r}")
+    name = device_name.lower().replace("-", " ").replace("_", " ")
+    return next((system for part, system in _SYSTEMS if part in name), "")
+
+
+def _aic_root():
+    from pathlib import Path
+
+    import aiconfigurator_core
+
+    return Path(aiconfigurator_core.__file__).parent / "systems"
+
+
+def aic_covered_systems(backend: str = "vllm", model: str = AIC_MODEL) -> tuple[str, ...]:
+    """The systems whose tables the installed aiconfigurator ran ``model`` on with ``backend``
+    (its support matrix: status PASS); () where it is not installed."""
+    if not aiconfigurator_version():
+        return ()
+    import csv
+
+    covered = set()
+    for path in sorted((_aic_root() / "support_matrix").glob("*.csv")):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("HuggingFaceID") == model and row.get("Backend") == backend \
+                        and row.get("Status") == "PASS":
+                    covered.add(row["System"])
+    return tuple(sorted(covered))
+
+
+@dataclass(frozen=True)
+class AIConfiguratorPrefill:
+    """Kimi-K2.5's prefill predicted by aiconfigurator-core: ``system``'s tables for
+    ``backend`` (``backend_version`` "": the package's current tables), tensor parallel
+    ``tp`` for attention and dense layers, ``moe_tp`` x ``moe_ep`` for the experts, batch
+    ``batch``. ``prefill_ms(n)`` is one unchunked prefill of ``n`` input tokens."""
+
+    system: str
+    backend: str = "vllm"
+    backend_version: str = ""
+    tp: int = 8
+    moe_tp: int = 1
+    moe_ep: int = 8
+    batch: int = 1
+    model: str = AIC_MODEL
+
+    def __post_init__(self):
+        if not isinstance(self.system, str) or not self.system:
+            raise ValueError(f"AIConfiguratorPrefill.system must name an aiconfigurator system "
+                             f"(e.g. 'h200_sxm'), got {self.system!r}")
+        if self.backend not in AIC_BACKENDS:
+            raise ValueError(f"AIConfiguratorPrefill.backend must be one of {AIC_BACKENDS}, got "
+                             f"{self.backend!r} (aiconfigurator's SGLang and TRT-LLM paths size "
+                             f"Kimi-K2.5's MLA attention with 128 heads, not 64)")
+        for name in ("tp", "moe_tp", "moe_ep", "batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"AIConfiguratorPrefill.{name} must be a positive int, got {v!r}")
+        if self.moe_tp * self.moe_ep != self.tp:
+            raise ValueError(f"AIConfiguratorPrefill: moe_tp x moe_ep must equal tp (the experts "
+                             f"span the same GPUs), got {self.moe_tp} x {self.moe_ep} != {self.tp}")
+        if not isinstance(self.backend_version, str):
+            raise ValueError(f"AIConfiguratorPrefill.backend_version must be a string, got "
+                             f"{self.backend_version!r}")
+
+    @property
+    def parallelism(self) -> str:
+        return f"TP{self.tp} + EP{self.moe_ep} (MoE TP{self.moe_tp}), batch {self.batch}"
+
+    def _handle(self):
+        cache = _AIC_HANDLES
+        if self not in cache:
+            if not aiconfigurator_version():
+                raise RuntimeError(f"{AIC_PACKAGE} is not installed (pip install '.[ttft]')")
+            from aiconfigurator_core.sdk.engine import EngineHandle
+
+            cache[self] = EngineHandle.compile(
+                self.model, self.system, self.backend, backend_version=self.backend_version or None,
+                tp_size=self.tp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep)
+        return cache[self]
+
+    def prefill_ms(self, tokens: int) -> float:
+        """One unchunked prefill of ``tokens`` input tokens (batch ``batch``), in ms."""
+        n = _tokens(tokens)
+        if n == 0:
+            return 0.0
+        return float(self._handle().predict_prefill_latency(self.batch, n))
+
+    def tables_version(self) -> str:
+        """The backend version whose tables are read (the package's current one for "")."""
+        if self.backend_version:
+            return self.backend_version
+        import yaml
+
+        slots = yaml.safe_load((_aic_root() / "query_versions.yaml").read_text())
+        override = (slots.get("overrides") or {}).get(self.system) or {}
+        return str((override.get(self.backend) or slots["defaults"][self.backend])["current"])
+
+    def moe_tables_end(self) -> int:
+        """The most tokens its MoE tables hold for Kimi's experts at this parallelism (0:
+        unknown)."""
+        path = (_aic_root() / "data" / self.system / "moe" / self.backend / self.tables_version()
+                / "moe_perf.parquet")
+        if not path.exists():
+            return 0
+        moe = pd.read_parquet(path, columns=["num_tokens", "hidden_size", "num_experts", "moe_dtype",
+                                             "moe_tp_size", "moe_ep_size"])
+        hit = moe[(moe.hidden_size == _KIMI_MOE["hidden_size"]) & (moe.num_experts == _KIMI_MOE["num_experts"])
+                  & (moe.moe_dtype == _KIMI_MOE["moe_dtype"]) & (moe.moe_tp_size == self.moe_tp)
+                  & (moe.moe_ep_size == self.moe_ep)]
+        return int(hit.num_tokens.max()) if len(hit) else 0
+
+    def coverage(self, tokens: int) -> str:
+        """"measured tables" where the prefill's tokens lie within its MoE tables, else
+        "extrapolated" and why."""
+        end = _moe_end(self)
+        if end == 0:
+            return f"extrapolated: no MoE table for Kimi's experts at {self.parallelism}"
+        if _tokens(tokens) * self.batch > end:
+            return f"extrapolated: its MoE tables end at {end:,} tokens"
+        return "measured tables"
+
+    def describe(self) -> str:
+        return (f"aiconfigurator-core {aiconfigurator_version()}: {self.model}, {self.system} "
+                f"{self.backend} {self.tables_version()} tables, {self.parallelism}, one unchunked prefill")
+
+
+_AIC_HANDLES: dict = {}
+_MOE_ENDS: dict = {}
+
+
+def _moe_end(p: AIConfiguratorPrefill) -> int:
+    if p not in _MOE_ENDS:
+        _MOE_ENDS[p] = p.moe_tables_end()
+    return _MOE_ENDS[p]
+
+
+PREFILL_SOURCES = ("auto", "aiconfigurator", "hand")
+
+
+def choose_prefill(device_name: str, source: str = "auto", **settings) -> tuple[AIConfiguratorPrefill | None, str]:
+    """(aiconfigurator's prefill for ``device_name``, "") where it can run, else (None,
+    why the hand model is used). ``source``: "auto" (aiconfigurator where installed and
+    it has tables for the device), "aiconfigurator" (the same, but a missing package or
+    table is an error), "hand" (the hand model). ``settings``: ``AIConfiguratorPrefill``'s
+    (backend, backend_version, tp, moe_tp, moe_ep, batch)."""
+    if source not in PREFILL_SOURCES:
+        raise ValueError(f"prefill source must be one of {PREFILL_SOURCES}, got {source!r}")
+    if source == "hand":
+        return None, "the hand model was asked for (prefill='hand')"
+    why = ""
+    system = aic_system(device_name)
+    backend = settings.get("backend", "vllm")
+    if not aiconfigurator_version():
+        why = f"{AIC_PACKAGE} is not installed here (pip install '.[ttft]')"
+    elif not system:
+        why = f"aiconfigurator has no tables for {device_name!r} (CPU or non-NVIDIA device)"
+    elif system not in (covered := aic_covered_systems(backend)):
+        why = (f"aiconfigurator has no {backend} tables for Kimi-K2.5 on {system} "
+               f"(it covers {', '.join(covered)})")
+    if why:
+        if source == "aiconfigurator":
+            raise ValueError(f"prefill='aiconfigurator' cannot run: {why}")
+        return None, why
+    return AIConfiguratorPrefill(system, **settings), ""
+
+
+# -- time to first token per RoPE choice and encoder launch policy -------------------------
+
+# vLLM 0.34 runs the vision encoder eager unless encoder CUDA graphs are turned on
+# (``cudagraph_mm_encoder``); with them on, its largest encoder graph covers 5,120 merged
+# tokens (about 3.7 images of 1024x1024), and a larger batch of images runs eager.
+VLLM_ENCODER_GRAPH_TOKENS = 5120
+ENCODER_POLICIES = {
+    "eager": "encoder eager (vLLM's default: encoder CUDA graphs off)",
+    "vllm_encoder_graphs": "encoder CUDA graphs on as vLLM captures them: graphs up to "
+                           "the largest graph's merged tokens, eager beyond",
+    "cudagraph": "encoder CUDA graphs at every size (all graphs)",
+}
+TTFT_KEY = ("variant", "resolution", "images", "encoder_policy", "device_name")
+# columns of an encoder row that a TTFT row carries as they are (provenance)
+_CARRIED = ("vit_tokens", "device_name", "device_kind", "torch_version", "triton_version",
+            "git_commit", "encoder", "layers", "attention_kernel", "timer")
+
+
+def _policy_mode(policy: str, merged_tokens: int, budget: int) -> str:
+    if policy == "vllm_encoder_graphs":
+        return "cudagraph" if merged_tokens <= budget else "eager"
+    return policy
+
+
+def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
+              aic: AIConfiguratorPrefill | None = None, why_hand: str = "",
+              graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS) -> pd.DataFrame:
+    """Time to first token per (variant, bucket, encoder policy) from encoder-latency rows:
+    the encoder's median in the mode the policy runs (``ENCODER_POLICIES``; a policy whose
+    modes were not all timed is left out) plus the language model's prefill of the merged vision
+    tokens and ``text_tokens``. The prefill is aiconfigurator's (``aic``) with its backend,
+    system, parallelism, package version and "measured tables" / "extrapolated" in every
+    row, or the hand model's central value with ``why_hand`` saying why; the hand model's
+    band (``hand_prefill_*_ms``) is in every row as the cross-check."""
+    for col in ("variant", "resolution", "images", "mode", "median_ms", "vit_tokens"):
+        if col not in latency:
+            raise ValueError(f"encoder rows lack column {col!r}")
+    if aic is None and not why_hand:
+        raise ValueError("without aiconfigurator's prefill, why_hand must say why the hand model is used")
+    if isinstance(graph_tokens, bool) or not isinstance(graph_tokens, int) or graph_tokens < 0:
+        raise ValueError(f"graph_tokens must be an int >= 0, got {graph_tokens!r}")
+    text = _tokens(text_tokens)
+    by_key = latency.drop_duplicates(["variant", "resolution", "images", "mode"]).set_index(
+        ["variant", "resolution", "images", "mode"])
+    first = latency.drop_duplicates(["variant", "resolution", "images"])
+    timed_modes = set(latency["mode"])
+    # a policy is given only where every mode it can run was timed (vLLM's graphs: both)
+    policies = [p for p in ENCODER_POLICIES
+                if ({"eager", "cudagraph"} if p == "vllm_encoder_graphs" else {p}) <= timed_modes]
+    prefill_cache: dict[int, float] = {}
+    rows = []
+    for _, r in first.iterrows():
+        n = llm_prompt_tokens(int(r.vit_tokens), text)
+        merged = n - text
+        fast, central, slow = hand.prefill_ms(n)
+        if aic is not None:
+            if n not in prefill_cache:
+                prefill_cache[n] = aic.prefill_ms(n)
+            prefill = {"prefill_ms": prefill_cache[n], "prefill_source": "aiconfigurator",
+                       "prefill_backend": aic.backend, "prefill_system": aic.system,
+                       "prefill_tables_version": aic.tables_version(),
+                       "prefill_parallelism": aic.parallelism,
+                       "prefill_package": f"{AIC_PACKAGE} {aiconfigurator_version()}",
+                       "prefill_tables": aic.coverage(n), "prefill_note": "one unchunked prefill"}
+        else:
+            prefill = {"prefill_ms": central, "prefill_source": "hand model", "prefill_backend": "",
+                       "prefill_system": "", "prefill_tables_version": "",
+                       "prefill_parallelism": f"{hand.gpus} GPUs", "prefill_package": "",
+                       "prefill_tables": "", "prefill_note": why_hand}
+        for policy in policies:
+            mode = _policy_mode(policy, merged, graph_tokens)
+            key = (r.variant, r.resolution, r.images, mode)
+            if key not in by_key.index:
+                continue
+            timed = by_key.loc[key]  # the encoder row this policy runs (its timer, provenance)
+            encoder_ms = float(timed["median_ms"])
+            ttft = encoder_ms + prefill["prefill_ms"]
+            rows.append({"variant": r.variant, "resolution": r.resolution, "images": int(r.images),
+                         "encoder_policy": policy, "encoder_mode": mode, "text_tokens": text,
+                         "llm_prefill_tokens": n, "encoder_ms": encoder_ms, **prefill,
+                         "ttft_ms": ttft, "encoder_share_pct": 100 * encoder_ms / ttft if ttft else math.nan,
+                         # the hand model's FLOPs over the prefill's time: the MFU it implies
+                         "prefill_effective_mfu": (hand.flops(n) / (hand.gpus * hand.peak_tflops * 1e9
+                                                                    * prefill["prefill_ms"])
+                                                   if prefill["prefill_ms"] > 0 else math.nan),
+                         "hand_prefill_fast_ms": fast, "hand_prefill_ms": central,
+                         "hand_prefill_slow_ms": slow, "hand_model": hand.describe(),
+                         "encoder_graph_tokens": graph_tokens,
+                         **{c: timed[c] for c in _CARRIED if c in latency and c != "vit_tokens"},
+                         "vit_tokens": int(r.vit_tokens)})
+    return pd.DataFrame(rows)
+
+
+def ttft_savings(ttft: pd.DataFrame, baseline: str = "native") -> pd.DataFrame:
+    """Per bucket and encoder policy, what each RoPE choice buys over ``baseline``: the
+    TTFT saving in ms (the encoder's, the prefill being the same) and in % of the
+    baseline's TTFT, beside each choice's TTFT and the encoder's share of it."""
+    if baseline not in set(ttft["variant"]):
+        raise ValueError(f"{baseline!r} has no rows; rows hold {sorted(set(ttft['variant']))}")
+    keys = ["resolution", "images", "encoder_policy"]
+    base = ttft[ttft["variant"] == baseline].set_index(keys)["ttft_ms"].rename("baseline_ttft_ms")
+    out = ttft.join(base, on=keys)
+    out = out.assign(against=baseline, saving_ms=out["baseline_ttft_ms"] - out["ttft_ms"])
+    out["saving_pct_of_ttft"] = 100 * out["saving_ms"] / out["baseline_ttft_ms"]
+    cols = [*keys, "variant", "against", "ttft_ms", "encoder_share_pct", "saving_ms",
+            "saving_pct_of_ttft", "prefill_source"]
+    return out[out["variant"] != baseline][cols].reset_index(drop=True)
+
+
+def device_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, source: str = "auto",
+                graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, **settings) -> pd.DataFrame:
+    """``ttft_rows`` with the prefill chosen for the device that timed the rows (their
+    ``device_name``, not this machine: an H200's rows get h200_sxm's tables on a CPU too),
+    by ``choose_prefill(device, source, **settings)``."""
+    devices = sorted(set(latency["device_name"])) if "device_name" in latency else []
+    if len(devices) != 1:
+        raise ValueError(f"encoder rows must come from one device, got {devices or 'no device_name column'}")
+    aic, why = choose_prefill(devices[0], source, **settings)
+    return ttft_rows(latency, text_tokens=text_tokens, hand=hand, aic=aic, why_hand=why,
+                     graph_tokens=graph_tokens)

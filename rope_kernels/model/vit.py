@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import (grid_tokens, vision_freqs_cis, vision_patch_coords,
                                         vision_rope_frequencies)
-from rope_kernels.kernels.qkv_cute import rotating_qkv_projection_cute
+from rope_kernels.kernels.qkv_cute import CuteQKVConfig, rotating_qkv_projection_cute
 from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
@@ -28,7 +28,8 @@ from rope_kernels.peers import quack_gemm
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
 # projection's epilogue, kernels/qkv_gemm.py; "gemm_epilogue_cute": our CuTe DSL kernel,
-# kernels/qkv_cute.py), "gemm_epilogue_quack" (the same in
+# kernels/qkv_cute.py; "gemm_epilogue_cute_norot": the same kernel with its rotation compiled
+# out, the floor on our own GEMM), "gemm_epilogue_quack" (the same in
 # QuACK's GEMM, peers/quack_gemm.py, where QuACK runs); how attention runs ("auto": per device)
 from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
 
@@ -182,7 +183,7 @@ class MoonViTEncoder(nn.Module):
         quack_ops = angles = None
         for blk in self.blocks:
             h = blk.norm0(x)
-            if rope in ("gemm_epilogue", "gemm_epilogue_cute"):
+            if rope in ("gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_cute_norot"):
                 if angles is None:  # patch coordinates and frequencies, once per forward
                     angles = (vision_patch_coords(grids, device=x.device),
                               vision_rope_frequencies(cfg.head_dim, theta=cfg.theta,
@@ -190,9 +191,11 @@ class MoonViTEncoder(nn.Module):
                 if rope == "gemm_epilogue":  # angles in-kernel (the faster mode on an H200)
                     q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
                                                       angles=angles).unbind(1)
-                else:
+                else:  # the CuTe kernel at its default config, with or without the rotation
+                    config = CuteQKVConfig(rotate=rope == "gemm_epilogue_cute")
                     q, k, v = rotating_qkv_projection_cute(blk.wqkv, h, angles[0], cfg.heads,
-                                                           cfg.head_dim, theta=cfg.theta).unbind(1)
+                                                           cfg.head_dim, theta=cfg.theta,
+                                                           config=config).unbind(1)
             elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
                 if quack_ops is None:  # positions and frequency tables, once per forward
                     quack_ops = quack_gemm.kimi_mrope_operands(

@@ -512,3 +512,55 @@ def headline_bars(values: pd.Series, xlabel: str, *, highlight: Sequence[str] = 
     if title:  # above the bars' labels too, from the figure's left edge: never clipped by the axes
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     return fig
+
+
+_ANCHOR_MARKERS = ("*", "P", "X", "D", "s")
+
+
+def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
+                   policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
+                   anchors: pd.DataFrame | None = None, floor: str = "none"):
+    """Time to first token [ms] (``model.prefill.ttft_rows``: encoder median + prefill)
+    against images per request at one resolution, a line per RoPE choice, a panel per
+    encoder policy (vLLM's default eager, vLLM's encoder graphs up to its budget, all
+    graphs). The prefill alone is dotted; the hand model's band (its MFU ends, plus
+    native's encoder) shaded, as the cross-check. ``anchors`` (``data/reference/
+    ttft_anchors.csv``): the public absolute TTFTs drawn as labelled marks, as context."""
+    sub = ttft[ttft["resolution"] == resolution]
+    pols = _ordered(sub.encoder_policy, policies)
+    names = _ordered(sub.variant, variants)
+    fig, axes = panel_grid(len(pols), ncols=3, sharey=True, height=4.8)
+    marks = pd.DataFrame() if anchors is None else anchors[anchors["metric"].astype(str).str.startswith("ttft")
+                                                          & anchors["after"].notna()
+                                                          & (anchors["unit"] == "ms")]
+    for ax, pol in zip(axes, pols):
+        panel = sub[sub.encoder_policy == pol]
+        for name in names:
+            rows = panel[panel.variant == name].sort_values("images")
+            if len(rows):
+                ax.plot(rows.images, rows.ttft_ms, color=variant_color(name), marker="o", ms=4.5,
+                        lw=1.6, ls="--" if name == floor else "-")
+        prefill = panel.drop_duplicates("images").sort_values("images")
+        ax.plot(prefill.images, prefill.prefill_ms, color="k", ls=":", lw=1.2)
+        base = panel[panel.variant == "native"].sort_values("images")
+        if len(base):
+            ax.fill_between(base.images, base.encoder_ms + base.hand_prefill_fast_ms,
+                            base.encoder_ms + base.hand_prefill_slow_ms, color="0.6", alpha=0.25, lw=0)
+        for i, (_, a) in enumerate(marks.iterrows()):
+            ax.plot([a["images"]], [a["after"]], marker=_ANCHOR_MARKERS[i % len(_ANCHOR_MARKERS)], ms=8,
+                    color="#444444", mfc="none", ls="none")
+        _image_axis(ax, panel.images)
+        ax.set_ylim(bottom=0)
+        ax.set_title(textwrap.fill(pol, 40))
+        ax.set_ylabel("time to first token [ms]")
+    source = "; ".join(sorted(set(sub.prefill_source.astype(str) + " " + sub.prefill_package.fillna("").astype(str)
+                                  + " " + sub.prefill_parallelism.astype(str))))
+    extra = [Line2D([], [], color="k", ls=":", label="LLM prefill alone"),
+             Patch(color="0.6", alpha=0.25, label="native + hand-model prefill band")]
+    for i, (_, a) in enumerate(marks.iterrows()):  # other models, GPUs and loads: context
+        extra.append(Line2D([], [], marker=_ANCHOR_MARKERS[i % len(_ANCHOR_MARKERS)], ms=8, color="#444444",
+                            mfc="none", ls="none",
+                            label=textwrap.fill(f"{a['source']} ({a['model']}, {a['hardware']}, {a['setup']}): "
+                                                f"{a['metric']} {a['after']:g} ms", 48)))
+    return finish(fig, sub, _variant_handles(names, floor), extra=extra,
+                  title=textwrap.fill(f"{resolution}; prefill: {source}", max(40, int(fig.get_figwidth() * 7))))

@@ -171,6 +171,17 @@ def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
     return check
 
 
+def _counts_by_resolution(v, kind) -> str | None:
+    """04_ttft: image counts for named resolutions, in place of ``image_counts`` there."""
+    for res, counts in v.items():
+        problem = _resolution_problem(res) or (None if isinstance(counts, list) and counts else
+                                               f"{res}: image counts must be a non-empty list")
+        problem = problem or list_of(_int_ge1)(counts, kind)
+        if problem:
+            return problem
+    return None
+
+
 # -- cross-parameter checks ----------------------------------------------------------
 def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
     """04_ttft: ``max_tokens`` must leave at least one (resolution, image count)
@@ -184,6 +195,19 @@ def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
     if limit < smallest:
         return (f"max_tokens={limit} leaves no bucket: the smallest (resolution x images) "
                 f"has {smallest} vision tokens")
+    return None
+
+
+def _ttft_settings_fit(values: Mapping[str, object], kind) -> str | None:
+    """04_ttft: per-resolution image counts name resolutions the run times, and the experts'
+    parallel (``llm_moe_ep``) divides ``llm_tp`` (the experts span the same GPUs)."""
+    extra = [r for r in values.get("image_counts_by_resolution", {}) if r not in values["resolutions"]]
+    if extra:
+        return (f"image_counts_by_resolution names {', '.join(extra)}, which resolutions "
+                f"({', '.join(values['resolutions'])}) does not hold")
+    tp, ep = values.get("llm_tp", 8), values.get("llm_moe_ep", 8)
+    if isinstance(tp, int) and isinstance(ep, int) and ep >= 1 and tp % ep:
+        return f"llm_moe_ep={ep} must divide llm_tp={tp} (MoE TP = llm_tp / llm_moe_ep)"
     return None
 
 
@@ -334,6 +358,7 @@ ENCODER_LATENCY_CSV = "encoder_latency.csv"
 QKV_GEMM_CSV = "qkv_gemm.csv"
 QKV_GEMM_SWEEP_CSV = "qkv_gemm_sweep.csv"
 QKV_GEMM_CONFIGS_CSV = "qkv_gemm_configs.csv"
+TIME_TO_FIRST_TOKEN_CSV = "time_to_first_token.csv"
 
 # Every result file under data/<device>/, in one place. Add a column's migration
 # here when a writer adds or renames one, so committed files keep their rows.
@@ -378,6 +403,9 @@ RESULT_FILES: dict[str, Table] = {
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS),
         derived={"in_place": _old_rows_in_place}),
+    # Time to first token per RoPE choice and encoder launch policy (model/prefill.ttft_rows):
+    # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
+    TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "device_name")),
     # bench/qkv_bench.py: one row per variant (swept ones at their fastest config), and
     # one per swept variant x config
     # QuACK's rows name its package, version and source hash (rows before 2026-12-03: empty)
@@ -447,12 +475,19 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "llm_gpus": Param(8, _prefill_rule("gpus")),
         "llm_peak_tflops": Param(989.0, _prefill_rule("peak_tflops")),
         "llm_mfu": Param([0.15, 0.30, 0.45], _prefill_rule("mfu")),
+        # the prefill from aiconfigurator-core (the `ttft` extra) where it has tables
+        "prefill": Param("auto", one_of(("auto", "aiconfigurator", "hand"))),
+        "llm_backend": Param("vllm", one_of(("vllm",))),
+        "llm_tp": Param(8, at_least(1)),
+        "llm_moe_ep": Param(8, at_least(1)),
+        "encoder_graph_tokens": Param(5120, at_least(0)),  # vLLM's largest encoder graph (merged)
+        "image_counts_by_resolution": Param({}, _counts_by_resolution),
         "seed": Param(0),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
-    }, writes=(ENCODER_LATENCY_CSV,), delivers=ENCODER_LATENCY_CSV,
+    }, writes=(ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV), delivers=ENCODER_LATENCY_CSV,
         shard=Shard("resolutions", lambda item: {"resolution": [item]}),
-        checks=(_some_bucket_fits,)),
+        checks=(_some_bucket_fits, _ttft_settings_fit)),
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,
         "qkv_tokens": Param([37], _qkv_tokens_rule),
