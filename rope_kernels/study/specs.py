@@ -278,6 +278,10 @@ ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
+# The encoder's paired per-round statistics (bench/encoder_bench.py).
+PAIRED_COLUMNS = ("paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
+                  "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80")
+
 # Time to first token, modelled (model/prefill.add_ttft) beside the measured latency.
 MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_fast_ms",
                          "modelled_ttft_fast_ms", "modelled_prefill_ms", "modelled_ttft_ms",
@@ -297,6 +301,12 @@ def _only_the_row_tiling(old):
     import pandas as pd
 
     return pd.Series("row", index=old.index).where(old["same_bytes_copy_us"].notna())
+
+
+def _all_supported(old):
+    import pandas as pd
+
+    return pd.Series(True, index=old.index)
 
 
 def _never_in_place(old):
@@ -355,8 +365,11 @@ RESULT_FILES: dict[str, Table] = {
                                # whole-token rows became the default
                                recoded={"strategy": {"grid": "tiles"}}),
     "correctness.csv": Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
-                             added=PEER_COLUMNS + ("seed",)),
+                             # rows from before supported/reason were all run (supported)
+                             added=("supported", "reason") + PEER_COLUMNS + ("seed",),
+                             derived={"supported": _all_supported}),
     "launches.csv": Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
+                          renamed={"study_facts": "derived_from_code"},
                           added=PEER_COLUMNS),
     # The vision encoder's measured latency (notebook 04), called ttft.csv until
     # time to first token (encoder + modelled prefill) was added beside it.
@@ -364,7 +377,9 @@ RESULT_FILES: dict[str, Table] = {
         ENCODER_LATENCY_KEY, formerly=("ttft.csv",),
         renamed={"rope_share": "profiled_rope_share", "rope_device_ms": "profiled_rope_device_ms",
                  "peak_mem_mb": "profiled_peak_mem_mb"},
-        added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms", "in_place",
+        # paired_* came with 88edead's paired statistics, rope_device_ms after 691d48a
+        added=PEER_COLUMNS + ("profiled_rope_device_ms", *PAIRED_COLUMNS,
+                              "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS),
         derived={"in_place": _old_rows_in_place}),
