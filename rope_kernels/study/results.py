@@ -43,6 +43,7 @@ from rope_kernels.study.specs import (  # noqa: F401
     PEER_COLUMNS,
     QKV_KEY,
     RESULT_FILES as TABLES,
+    SPECS,
     Table,
 )
 
@@ -202,6 +203,7 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
 
 _INT = re.compile(r"[-+]?\d+")
 _BOOL = {"True", "False"}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _kind(dtype) -> str:
@@ -210,8 +212,8 @@ def _kind(dtype) -> str:
 
 
 def _value_ok(text: str, kind: str) -> bool:
-    if kind == "int":
-        return bool(_INT.fullmatch(text))
+    if kind == "int":  # and within int64, the type the column is read as
+        return bool(_INT.fullmatch(text)) and _INT64_MIN <= int(text) <= _INT64_MAX
     if kind == "float":
         if text == "":
             return True
@@ -241,7 +243,12 @@ def read_results(path: Path, schema: dict[str, object],
     except UnicodeDecodeError as exc:
         raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
     table = table or table_for(path.name) or Table(())
-    lines = list(csv.reader(io.StringIO(text, newline="")))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        lines = list(reader)
+    except csv.Error as exc:  # e.g. a quote never closed: the rest of the file is one field
+        raise ResultFileError(f"{path}:{reader.line_num}: not a well-formed CSV line ({exc}); "
+                              "nothing was written") from None
     header = lines[0]
     columns = [table.renamed.get(c, c) if table.renamed.get(c) in schema and c not in schema
                else c for c in header]
@@ -275,7 +282,11 @@ def read_results(path: Path, schema: dict[str, object],
                                       f"not {kind} like the rows being written")
     # Text is kept as written ('NA', 'null', 'None' are values, not missing); only an
     # empty numeric or bool field is missing, read into a type that writes back the same.
-    old = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    try:
+        old = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError) as exc:  # what the line checks above missed
+        raise ResultFileError(f"{path}: not a well-formed CSV ({exc}); nothing was "
+                              "written") from None
     old.columns = columns
     for name, kind in zip(columns, kinds):
         if kind != "text":  # the values were checked above: these conversions cannot fail
@@ -317,20 +328,37 @@ def _read_dtype(kind: str, may_be_empty: bool):
     return str
 
 
-_STALE_TEMP = re.compile(r"^\..+\.[^.]+\.(tmp|ipynb)$")
+# mkstemp's names: ".<prefix>" + 8 characters of [a-z0-9_] + "<suffix>"
+_STALE_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.(?P<ext>tmp|ipynb)$")
+# what write_atomic replaces in the swept folders: results, reports, traces
+_WRITTEN_SUFFIXES = (".csv", ".ipynb", ".html", ".json.gz", ".json")
+
+
+def _is_our_temp(name: str) -> bool:
+    """A temporary file this code makes, by its whole name: ``.NAME.XXXXXXXX.tmp`` of
+    ``write_atomic`` for a NAME it writes, or ``.NOTEBOOK.XXXXXXXX.ipynb`` of the runner
+    for a study notebook; a user's hidden file (``.my.notes.ipynb``) is not one."""
+    m = _STALE_TEMP.match(name)
+    if not m:
+        return False
+    if m["ext"] == "ipynb":
+        return m["name"] in SPECS
+    return m["name"].endswith(_WRITTEN_SUFFIXES)
 
 
 def sweep_temp_files(folder: Path, older_than_s: float = 60.0) -> list[Path]:
-    """Remove temporary files a killed run left in ``folder`` (``.NAME.XXXX.tmp``
-    from ``write_atomic``, ``.NAME.XXXX.ipynb`` from the runner). Only files older
-    than ``older_than_s`` go, so another writer's file in flight is left alone."""
+    """Remove temporary files a killed run left in ``folder`` (``.NAME.XXXXXXXX.tmp``
+    from ``write_atomic``, ``.NOTEBOOK.XXXXXXXX.ipynb`` from the runner: ``_is_our_temp``).
+    Only files older than ``older_than_s`` go, so another writer's file in flight is
+    left alone; any other file stays, hidden or not."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     now = time.time()
     removed = []
     for p in folder.iterdir():
-        if p.is_file() and _STALE_TEMP.match(p.name) and now - p.stat().st_mtime > older_than_s:
+        if _is_our_temp(p.name) and p.is_file() and not p.is_symlink() \
+                and now - p.stat().st_mtime > older_than_s:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
                 removed.append(p)
