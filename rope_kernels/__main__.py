@@ -177,7 +177,11 @@ def _targets(args) -> int:
         print(f"rope-study: error: no result folder {folders[0] if folders else root / '<device>'}",
               file=sys.stderr)
         return 2
-    print("\n\n".join(report(f, detail=not args.summary) for f in folders))
+    try:
+        print("\n\n".join(report(f, detail=not args.summary) for f in folders))
+    except (ValueError, OSError) as exc:  # a damaged result file: one line naming it
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -193,7 +197,7 @@ def _findings(args) -> int:
             changed = write_readme(readme, section)
             print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
         elif args.check:
-            if readme_section(readme.read_text()) != section:
+            if readme_section(readme.read_text(), str(readme)) != section:
                 print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
                       "run: python -m rope_kernels findings --write", file=sys.stderr)
                 return 1

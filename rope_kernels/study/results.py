@@ -55,10 +55,84 @@ TEXT_COLUMNS = ("git_commit", "peer_package", "peer_version", "peer_sha256", "to
                 "order_seed", "round_positions")
 
 
-def read_table(path) -> pd.DataFrame:
-    """A result CSV for reading (summaries, targets, findings): ``TEXT_COLUMNS`` as text,
-    the rest as pandas infers it."""
-    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS})
+def read_table(path, required: Sequence[str] = ()) -> pd.DataFrame:
+    """A result CSV for reading (summaries, targets, findings, the index, submit):
+    ``TEXT_COLUMNS`` as text, the rest as pandas infers it, older column names as
+    ``TABLES`` renames them, resolutions in their one spelling.
+
+    The one checked reader: an empty or unreadable file, a malformed or unterminated
+    line, a missing column of ``required``, or two rows under one key
+    (a reader would mix them) is a one-line ``ResultFileError`` naming the file."""
+    path = Path(path)
+    text = _checked_text(path)
+    table = table_for(path.name)
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype={c: str for c in TEXT_COLUMNS})
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ResultFileError(f"{path}: not a readable CSV ({exc})") from None
+    if table is not None:
+        df = df.rename(columns={o: n for o, n in table.renamed.items()
+                                if o in df.columns and n not in df.columns})
+    if "resolution" in df.columns:
+        df["resolution"] = df["resolution"].map(_one_spelling)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ResultFileError(f"{path}: lacks column(s) {missing} that its rows need; "
+                              "was it written by this study?")
+    # the key's columns the file holds (a reader's own file may carry fewer)
+    key = [c for c in (table.key if table is not None else ()) if c in df.columns]
+    repeated = df.duplicated(subset=key, keep=False) if key and len(df) else None
+    if repeated is not None and repeated.any():
+        lines = [i + 2 for i in df.index[repeated]][:6]
+        raise ResultFileError(f"{path}: lines {lines} repeat a key ({', '.join(key)}): "
+                              "which row holds the measurement is ambiguous; remove the "
+                              "stale rows (resolutions are compared in one spelling)")
+    return df
+
+
+def _one_spelling(value):
+    from rope_kernels.vocabulary import resolution_text
+
+    try:
+        return resolution_text(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _checked_text(path: Path) -> str:
+    """The text of a result CSV whose every line parses into the header's fields."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such result file") from None
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
+    if not text.strip():
+        raise ResultFileError(f"{path}: the file is empty (not even a header); delete it "
+                              "or re-run the notebook that writes it")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        lines = list(reader)
+    except csv.Error as exc:
+        raise ResultFileError(f"{path}:{reader.line_num}: not a well-formed CSV line "
+                              f"({exc})") from None
+    header = lines[0]
+    if len(set(header)) != len(header):
+        raise ResultFileError(f"{path}:1: the header repeats a column")
+    if not text.endswith("\n"):
+        raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
+                              "the file was truncated")
+    for number, fields in enumerate(lines[1:], start=2):
+        if fields == header:
+            raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
+        if len(fields) != len(header):
+            raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
+                                  f"has {len(header)} (malformed or truncated line)")
+    return text
 
 
 def table_for(name: str) -> Table | None:

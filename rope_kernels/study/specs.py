@@ -31,6 +31,7 @@ from rope_kernels.vocabulary import (
     KNOWN_VARIANTS,
     MICROBENCH_MODES,
     parse_resolution,
+    resolution_text,
     resolution_tokens,
 )
 
@@ -89,6 +90,16 @@ def _resolution_problem(item) -> str | None:
     except (TypeError, ValueError) as exc:
         return str(exc)
     return None
+
+
+def _resolutions_rule(v, kind) -> str | None:
+    """Resolutions, each once in any spelling ('56x56' and '56X56' are one bucket)."""
+    problem = list_of(_resolution_problem)(v, kind)
+    if problem:
+        return problem
+    spelled = [resolution_text(r) for r in v]
+    repeated = sorted({r for r in spelled if spelled.count(r) > 1})
+    return f"names a resolution twice (in two spellings?): {repeated}" if repeated else None
 
 
 def _int_ge1(v) -> str | None:
@@ -436,7 +447,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "layers": Param(0, lambda v, kind: None if v >= 0 else
                         f"must be >= 0 (0: the encoder's own depth), got {v!r}"),
         "dtype": Param("bfloat16", one_of(DTYPE_NAMES)),
-        "resolutions": Param(["56x56", "112x84"], list_of(_resolution_problem)),
+        "resolutions": Param(["56x56", "112x84"], _resolutions_rule),
         "image_counts": Param([1, 2], list_of(_int_ge1)),
         "variants": Param(["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision",
                            "vllm_merged", "gemm_epilogue", "none"],
@@ -456,7 +467,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "progress": Param(True),
         "data_dir": _DATA_DIR,
     }, writes=("encoder_latency.csv",), delivers="encoder_latency.csv",
-        shard=Shard("resolutions", lambda item: {"resolution": [item]}),
+        shard=Shard("resolutions", lambda item: {"resolution": [resolution_text(item)]}),
         checks=(_some_bucket_fits,)),
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,
