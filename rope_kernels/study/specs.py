@@ -102,6 +102,13 @@ def _resolutions_rule(v, kind) -> str | None:
     return f"names a resolution twice (in two spellings?): {repeated}" if repeated else None
 
 
+def _seed_rule(v, kind) -> str | None:
+    """A seed torch.manual_seed takes and the int64 ``seed`` column holds."""
+    if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= 2**63 - 1:
+        return f"must be an int from 0 to 2**63 - 1 (a 64-bit seed), got {v!r}"
+    return None
+
+
 def _int_ge1(v) -> str | None:
     return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
         f"must hold ints >= 1, got {v!r}"
@@ -413,7 +420,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
         "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
         "variants": Param([], variant_names(allow_empty=True), variants=True),
-        "seed": Param(0),
+        "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=("correctness.csv",), delivers="correctness.csv"),
     NotebookSpec("02_microbench", {
@@ -463,7 +470,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "llm_gpus": Param(8, _prefill_rule("gpus")),
         "llm_peak_tflops": Param(989.0, _prefill_rule("peak_tflops")),
         "llm_mfu": Param([0.15, 0.30, 0.45], _prefill_rule("mfu")),
-        "seed": Param(0),
+        "seed": Param(0, _seed_rule),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
     }, writes=("encoder_latency.csv",), delivers="encoder_latency.csv",
