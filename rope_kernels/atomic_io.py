@@ -47,6 +47,24 @@ def check_replaceable(path: Path) -> None:
                               "to replace it)")
 
 
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file; a named pipe (whose read would
+    wait forever for a writer), a device, a socket or a folder is a one-line
+    ``ResultFileError``. O_NONBLOCK makes opening a pipe return at once."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ResultFileError(f"{path} is not a regular file (a pipe, device or folder); "
+                                  "nothing was read")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1  # the file object closes it
+            return fh.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def write_atomic(path: Path, data: str | bytes, *, through_link: bool = False,
                  keep_mode: bool = False) -> None:
     """Replace ``path`` with ``data`` atomically (temp file + fsync + rename); a

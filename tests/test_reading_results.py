@@ -219,3 +219,26 @@ def test_a_dangling_readme_link_is_refused(tmp_path):
 def test_the_reader_names_a_missing_file(tmp_path):
     with pytest.raises(ResultFileError, match="no such result file"):
         read_table(tmp_path / "microbench.csv")
+
+
+@pytest.mark.parametrize("kind", ["pipe", "folder"])
+def test_a_result_path_that_is_not_a_file_is_one_line_not_a_hang(device, capsys, kind):
+    import signal
+
+    path = device / "microbench.csv"
+    path.unlink()
+    os.mkfifo(path) if kind == "pipe" else path.mkdir()
+
+    def hung(*_):
+        raise TimeoutError("hung reading a named pipe")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        for rc, err in _both_clis(capsys, device):
+            assert rc == 2 and "not a regular file" in err and str(path) in err
+        with pytest.raises(ResultFileError, match="not a regular file"):
+            summary.all_devices(device.parent, "all")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -33,7 +33,12 @@ from pathlib import Path
 import pandas as pd
 
 # Atomic replacement (and its refusals) has one home, shared with bench/ and peers/.
-from rope_kernels.atomic_io import ResultFileError, check_replaceable, write_atomic  # noqa: F401
+from rope_kernels.atomic_io import (  # noqa: F401
+    ResultFileError,
+    check_replaceable,
+    read_regular_file,
+    write_atomic,
+)
 
 # Every result file's key and declared migrations live in the notebook specs.
 from rope_kernels.study.specs import (  # noqa: F401
@@ -102,7 +107,7 @@ def _one_spelling(value):
 def _checked_text(path: Path) -> str:
     """The text of a result CSV whose every line parses into the header's fields."""
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except FileNotFoundError:
         raise ResultFileError(f"{path}: no such result file") from None
     except OSError as exc:
