@@ -124,6 +124,7 @@ def _refresh(args) -> int:
 
 
 def _submit(args) -> int:
+    from rope_kernels.atomic_io import ResultFileError
     from rope_kernels.study import submit as sb
     from rope_kernels.study.runner import ParameterError
 
@@ -150,7 +151,7 @@ def _submit(args) -> int:
             setup_lines=tuple(args.setup or ()), python=args.python)
         sb.submit(opts, only=args.only, params_file=args.params, overrides=args.param or (),
                   name=args.name, dry_run=args.dry_run)
-    except (ParameterError, sb.SubmitError) as exc:
+    except (ParameterError, sb.SubmitError, ResultFileError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -187,7 +188,8 @@ def _targets(args) -> int:
 
 def _findings(args) -> int:
     from rope_kernels.study.devices import REPO_ROOT
-    from rope_kernels.study.findings import DEVICE, readme_section, render_findings, write_readme
+    from rope_kernels.study.findings import (DEVICE, read_readme, readme_section,
+                                             render_findings, write_readme)
 
     folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / (args.device or DEVICE)
     readme = Path(args.readme) if args.readme else REPO_ROOT / "README.md"
@@ -197,7 +199,7 @@ def _findings(args) -> int:
             changed = write_readme(readme, section)
             print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
         elif args.check:
-            if readme_section(readme.read_text(), str(readme)) != section:
+            if readme_section(read_readme(readme), str(readme)) != section:
                 print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
                       "run: python -m rope_kernels findings --write", file=sys.stderr)
                 return 1

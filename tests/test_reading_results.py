@@ -242,3 +242,24 @@ def test_a_result_path_that_is_not_a_file_is_one_line_not_a_hang(device, capsys,
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "folder", "absent"])
+def test_a_readme_that_is_not_a_file_is_one_line(tmp_path, device, capsys, kind):
+    import signal
+
+    readme = tmp_path / "README.md"
+    if kind == "pipe":
+        os.mkfifo(readme)
+    elif kind == "folder":
+        readme.mkdir()
+    old = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("hung")))
+    signal.alarm(30)
+    try:
+        for flag in ("--write", "--check"):
+            rc, err = _cli(capsys, "findings", "--data-root", str(device.parent), "--device",
+                           device.name, "--readme", str(readme), flag)
+            assert rc == 2 and str(readme) in err and "Traceback" not in err
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

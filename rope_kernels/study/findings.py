@@ -637,6 +637,13 @@ def readme_section(readme: str, name: str = "README.md") -> str:
     return readme[start:stop].strip("\n") + "\n"
 
 
+def read_readme(readme_path: Path) -> str:
+    """README.md's text; a pipe or folder in its place is one line (never a hang)."""
+    from rope_kernels.atomic_io import read_regular_file
+
+    return read_regular_file(Path(readme_path)).decode("utf-8")
+
+
 def write_readme(readme_path: Path, section: str) -> bool:
     """Replace the findings section of ``readme_path`` atomically; True when it changed.
     A symbolic link is written through (its target replaced) and the file keeps its
@@ -644,7 +651,7 @@ def write_readme(readme_path: Path, section: str) -> bool:
     from rope_kernels.atomic_io import write_atomic
 
     readme_path = Path(readme_path)
-    text = readme_path.read_text()
+    text = read_readme(readme_path)
     start, stop = _marker_span(text, str(readme_path))
     if readme_section(text, str(readme_path)) == section:
         return False
