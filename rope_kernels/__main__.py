@@ -146,6 +146,7 @@ def _refresh(args) -> int:
 
 
 def _submit(args) -> int:
+    from rope_kernels.atomic_io import ResultFileError
     from rope_kernels.infra import submit as sb
     from rope_kernels.study.runner import ParameterError
 
@@ -172,7 +173,7 @@ def _submit(args) -> int:
             setup_lines=tuple(args.setup or ()), python=args.python)
         sb.submit(opts, only=args.only, params_file=args.params, overrides=args.param or (),
                   name=args.name, dry_run=args.dry_run)
-    except (ParameterError, sb.SubmitError) as exc:
+    except (ParameterError, sb.SubmitError, ResultFileError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -199,35 +200,40 @@ def _targets(args) -> int:
         print(f"rope-study: error: no result folder {folders[0] if folders else root / '<device>'}",
               file=sys.stderr)
         return 2
-    print("\n\n".join(report(f, detail=not args.summary) for f in folders))
+    try:
+        print("\n\n".join(report(f, detail=not args.summary) for f in folders))
+    except (ValueError, OSError) as exc:  # a damaged result file: one line naming it
+        print(f"rope-study: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _findings(args) -> int:
     from rope_kernels.study import summaries
     from rope_kernels.study.devices import REPO_ROOT
-    from rope_kernels.study.findings import DEVICE, readme_section, render_findings, write_readme
-    from rope_kernels.study.results import write_atomic
+    from rope_kernels.study.findings import (DEVICE, read_readme, readme_section,
+                                             render_findings, write_readme)
+    from rope_kernels.atomic_io import write_atomic
 
     folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / (args.device or DEVICE)
     readme = Path(args.readme) if args.readme else REPO_ROOT / "README.md"
     try:
         section = render_findings(folder)
         # README's first screen (what was found, what to ship, the two commands), where it has the markers
-        text = readme.read_text() if readme.exists() else ""
+        text = read_readme(readme) if readme.exists() else ""
         top = summaries.readme_block(summaries.load(folder), folder.name) \
             if summaries.README_BEGIN in text else None
         if args.write:
             changed = write_readme(readme, section)
             if top is not None:
-                text = readme.read_text()
+                text = read_readme(readme)
                 new = summaries.replace_readme_summary(text, top)
                 if new != text:
-                    write_atomic(readme, new)
+                    write_atomic(readme, new, through_link=True, keep_mode=True)
                     changed = True
             print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
         elif args.check:
-            if readme_section(readme.read_text()) != section or (
+            if readme_section(read_readme(readme), str(readme)) != section or (
                     top is not None and summaries.readme_summary(text) != top):
                 print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
                       "run: python -m rope_kernels findings --write", file=sys.stderr)

@@ -47,11 +47,44 @@ def check_replaceable(path: Path) -> None:
                               "to replace it)")
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file; a named pipe (whose read would
+    wait forever for a writer), a device, a socket or a folder is a one-line
+    ``ResultFileError``. O_NONBLOCK makes opening a pipe return at once."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ResultFileError(f"{path} is not a regular file (a pipe, device or folder); "
+                                  "nothing was read")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1  # the file object closes it
+            return fh.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def write_atomic(path: Path, data: str | bytes, *, through_link: bool = False,
+                 keep_mode: bool = False) -> None:
     """Replace ``path`` with ``data`` atomically (temp file + fsync + rename); a
-    symbolic link or read-only file at ``path`` is refused (:func:`check_replaceable`)."""
+    symbolic link or read-only file at ``path`` is refused (:func:`check_replaceable`).
+
+    For a file a person owns (README.md): ``through_link`` replaces a symbolic link's
+    target instead of refusing the link (the link stays a link), ``keep_mode`` gives
+    the new file the old one's permission bits (else the umask's)."""
     path = Path(path)
+    if through_link and path.is_symlink():
+        try:
+            path = path.resolve(strict=True)
+        except (FileNotFoundError, RuntimeError) as exc:  # dangling or a loop
+            raise ResultFileError(f"{path} is a symbolic link to nothing readable "
+                                  f"({os.readlink(path)}): {exc}; nothing was written") from None
     check_replaceable(path)
+    old_mode = None
+    if keep_mode:
+        with contextlib.suppress(FileNotFoundError):
+            old_mode = stat.S_IMODE(path.stat().st_mode)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -60,7 +93,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files
+        # mkstemp makes 0600; results are shared files
+        os.chmod(tmp, old_mode if old_mode is not None else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -53,24 +53,46 @@ def torch_device(kind: str | None = None) -> "torch.device":
     return torch.device("cpu" if kind == "cpu" else "cuda")
 
 
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=10)
+
+
+def _in_own_checkout() -> bool:
+    """Whether REPO_ROOT is the top of a git work tree (not a copy inside someone
+    else's repository, whose HEAD says nothing about this tree)."""
+    top = _git("rev-parse", "--show-toplevel")
+    return top.returncode == 0 and Path(top.stdout.strip()).resolve() == REPO_ROOT
+
+
 def git_commit() -> str:
-    """HEAD's short hash (+'-dirty' with uncommitted changes); ROPE_STUDY_COMMIT
-    overrides it for copies of the tree that travel without .git."""
+    """HEAD's short hash (+'-dirty' with uncommitted changes). ROPE_STUDY_COMMIT names
+    the commit for copies of the tree that travel without .git, or with a stale one;
+    where that commit is in this checkout's history the tree is still compared with
+    it, so uncommitted changes say '-dirty' whichever way the commit was named."""
     env = os.environ.get("ROPE_STUDY_COMMIT")
-    if env:
-        return env
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT,
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()
+        if not _in_own_checkout():
+            return env or "unknown"
+        if env:
+            commit = _git("rev-parse", "--verify", "--quiet", f"{env.removesuffix('-dirty')}^{{commit}}")
+            if commit.returncode != 0 or env.endswith("-dirty"):
+                return env  # a commit this copy's git does not hold: nothing to compare with
+            base = commit.stdout.strip()
+            label = env
+        else:
+            base = "HEAD"
+            head = _git("rev-parse", "--short=12", "HEAD")
+            if head.returncode != 0:
+                return "unknown"
+            label = head.stdout.strip()
+        # tracked files against the commit (a stale index is refreshed by git diff)
+        diff = _git("diff", "--quiet", base, "--")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{head}-dirty" if dirty else head
+        return env or "unknown"
+    if diff.returncode not in (0, 1):
+        return env or "unknown"
+    return f"{label}-dirty" if diff.returncode == 1 else label
 
 
 def triton_version() -> str:

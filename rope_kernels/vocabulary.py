@@ -96,12 +96,19 @@ def parse_resolution(text: str) -> tuple[int, int]:
     if not isinstance(text, str):
         raise TypeError(f"resolution must be a string like '1024x1024', got {text!r}")
     parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"resolution must look like '1024x1024', got {text!r}")
+    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+        raise ValueError(f"resolution must look like '1024x1024' (ASCII digits), got {text!r}")
     w, h = (int(p) for p in parts)
     if w <= 0 or h <= 0:
         raise ValueError(f"resolution sides must be positive, got {text!r}")
     return w, h
+
+
+def resolution_text(text: str) -> str:
+    """A resolution's one spelling, as rows hold it: '1024X1024', ' 56 x 56' and
+    '056x56' -> '1024x1024', '56x56' (so two spellings never make two buckets)."""
+    w, h = parse_resolution(text)
+    return f"{w}x{h}"
 
 
 def resolution_tokens(resolution: str) -> int:

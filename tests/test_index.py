@@ -63,7 +63,7 @@ def make_clone(tmp_path):
 def test_a_cpu_run_leaves_every_tracked_file_alone(tmp_path, monkeypatch):
     root = make_clone(tmp_path)
     index_before = (root / "reports" / "index.html").read_bytes()
-    stale = root / "reports" / "cpu" / ".02_microbench.x1y2z3.ipynb"
+    stale = root / "reports" / "cpu" / ".02_microbench.x1y2z3w4.ipynb"
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
     old = time.time() - 3600

@@ -45,8 +45,8 @@ def test_stale_trace_temp_files_are_swept(fake_study):
     root, _ = fake_study
     traces = root / "reports" / "cpu" / "traces"
     traces.mkdir(parents=True)
-    stale = traces / ".fused.json.gz.k2j4l1.tmp"
-    fresh = traces / ".native.json.gz.a8b9c0.tmp"
+    stale = traces / ".fused.json.gz.k2j4l1x9.tmp"
+    fresh = traces / ".native.json.gz.a8b9c0d1.tmp"
     kept = traces / "fused.json.gz"
     for p in (stale, fresh, kept):
         p.write_bytes(b"x")

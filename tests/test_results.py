@@ -197,8 +197,8 @@ def test_key_comes_from_the_one_table_of_schemas(tmp_path):
 
 
 def test_stale_temp_files_are_swept_and_fresh_ones_kept(tmp_path):
-    stale = [tmp_path / ".04_ttft.k3j2h1.ipynb", tmp_path / ".microbench.csv.a8f7d.tmp"]
-    fresh = tmp_path / ".01_kernels.zz91.ipynb"
+    stale = [tmp_path / ".04_ttft.k3j2h1a_.ipynb", tmp_path / ".microbench.csv.a8f7d2b9.tmp"]
+    fresh = tmp_path / ".01_kernels.zz91ab_c.ipynb"
     keep = [tmp_path / "04_ttft.ipynb", tmp_path / "microbench.csv", tmp_path / "x.failed.ipynb"]
     for p in stale + keep + [fresh]:
         p.write_text("x")

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from rope_kernels.kernels.freqs import grid_tokens, image_patch_grid, parse_resolution
+from rope_kernels.vocabulary import resolution_text
 from rope_kernels.roofline import minimal_bytes, rope_minimal_ms  # noqa: F401
 from rope_kernels.bench.timing import (median_p20_p80, round_positions, shuffled_orders,
                                        summarize)
@@ -47,7 +48,7 @@ def make_bucket(resolution: str, images: int, *, merge: int = 2) -> Bucket:
         raise ValueError(f"image count must be a positive int, got {images!r}")
     w, h = parse_resolution(resolution)
     grid = image_patch_grid(w, h, merge_size=merge)
-    return Bucket(resolution, images, (grid,) * images)
+    return Bucket(resolution_text(resolution), images, (grid,) * images)
 
 
 def _forward(model: MoonViTEncoder, inp: EncoderInputs, rope: str, attention: str):

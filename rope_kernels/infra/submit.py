@@ -59,16 +59,25 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 _SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:+,=@%/&|!*()\[\]-]+")
 _SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=[A-Za-z0-9_.:+,=@%/&|!*()\[\]-]+)?")
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S (and no limit).
-_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE")
+# ASCII digits only: a str pattern's \d also matches other scripts' digits ('٣٠').
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE",
+                         re.ASCII)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# File names may hold 255 bytes; a name also gets suffixes (".sbatch", "-summary").
+MAX_NAME_CHARS = 100
 
 
 def check_name(option: str, value: str) -> str:
     """A partition, job or submission name: letters, digits, '_', '.', '+', '-', not
     starting with '.' or '-' (it becomes a file or folder name)."""
     if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value):
-        raise ParameterError(f"{option} {value!r}: use letters, digits, '_', '.', '+' or '-', "
-                             "starting with a letter or digit")
+        raise ParameterError(f"{option} {value!r:.80}: use letters, digits, '_', '.', '+' or "
+                             "'-', starting with a letter or digit")
+    if len(value) > MAX_NAME_CHARS:
+        raise ParameterError(f"{option} is {len(value)} characters long, more than the "
+                             f"{MAX_NAME_CHARS} a name may have (it becomes a file name)")
     return value
 
 
@@ -203,6 +212,11 @@ def plan_shards(partitions: Sequence[Partition], *, only: Sequence[str] | None =
     submission instead of every task."""
     root = Path(root)
     notebooks = [nb for nb in select_notebooks(only) if nb != SUMMARY_NOTEBOOK]
+    if not notebooks:  # the summary alone: nothing for an array task to run
+        raise ParameterError(f"--only {SUMMARY_NOTEBOOK} alone plans no shard: the summary "
+                             "runs as every submission's last job, after the shards; name a "
+                             "notebook that measures (--only 02), or run the summary with "
+                             f"python -m rope_kernels run --only {SUMMARY_NOTEBOOK}")
     shards: list[Shard] = []
     for part in partitions:
         # Resolved for the partition's device kind, as its tasks' runner will resolve them.

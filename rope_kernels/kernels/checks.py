@@ -95,16 +95,20 @@ def check_freqs_cis(freqs_cis: torch.Tensor, xq: torch.Tensor) -> None:
 
 
 def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor,
-                            reads: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
+                            reads: Sequence[tuple[str, torch.Tensor]] = (), *,
+                            names: tuple[str, str] = ("xq", "xk")) -> None:
     """In-place rotation needs every element of q and k at its own address:
     no broadcast or self-overlapping views, and no element shared by q and k.
     ``reads`` are the call's other inputs (cos, sin, freqs_cis): q and k, being
-    written, may share no memory with them."""
-    for name, x in (("xq", xq), ("xk", xk)):
+    written, may share no memory with them. ``names``: what the caller calls the two
+    tensors written (``("q_out", "k_out")`` for an ``out=`` pair), as messages name them."""
+    q_name, k_name = names
+    written = "rotated in place" if names == ("xq", "xk") else "written"
+    for name, x in ((q_name, xq), (k_name, xk)):
         for size, stride in zip(x.shape, x.stride()):
             if size > 1 and stride == 0:
                 raise ValueError(
-                    f"{name} is a broadcast (stride-0) view; it cannot be rotated in place"
+                    f"{name} is a broadcast (stride-0) view; it cannot be {written}"
                 )
         if _nested_dims(x) is None:
             raise ValueError(
@@ -112,11 +116,12 @@ def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor,
                 "it cannot be written in place"
             )
     if xq.numel() > 0 and xq.data_ptr() == xk.data_ptr():
-        raise ValueError("xq and xk are the same memory; they cannot both be rotated in place")
+        raise ValueError(f"{q_name} and {k_name} are the same memory; they cannot both be "
+                         f"{written}")
     if may_overlap(xq, xk):
-        raise ValueError("xq and xk share memory (overlapping views); they cannot both be "
-                         "rotated in place")
-    check_writes_do_not_overlap_reads((("xq", xq), ("xk", xk)), reads)
+        raise ValueError(f"{q_name} and {k_name} share memory (overlapping views); they cannot "
+                         f"both be {written}")
+    check_writes_do_not_overlap_reads(((q_name, xq), (k_name, xk)), reads)
 
 
 def check_writes_do_not_overlap_reads(writes: Sequence[tuple[str, torch.Tensor]],
@@ -137,7 +142,7 @@ def check_outputs_do_not_overlap(xq: torch.Tensor, xk: torch.Tensor,
     place), but no output may share memory with the other output or the other
     input, nor partly with its own input (programs would read what others wrote),
     nor with any of ``reads`` (cos, sin)."""
-    check_writable_in_place(q_out, k_out)
+    check_writable_in_place(q_out, k_out, names=("q_out", "k_out"))
     check_writes_do_not_overlap_reads((("q_out", q_out), ("k_out", k_out)), reads)
     pairs = (("q_out", q_out, "xq", xq, True), ("q_out", q_out, "xk", xk, False),
              ("k_out", k_out, "xq", xq, False), ("k_out", k_out, "xk", xk, True))

@@ -311,6 +311,28 @@ def fused_launch_config(heads: int, head_dim: int, element_size: int) -> RowsCon
     return rows_launch_config(heads, head_dim, element_size)
 
 
+# Elements one Triton block may hold (tl.arange / a tensor's numel): 2^20 in Triton 2-3.
+TRITON_MAX_TENSOR_NUMEL = getattr(tl, "TRITON_MAX_TENSOR_NUMEL", 1 << 20)
+
+
+def check_block_fits(config: RowsConfig, heads: int, head_dim: int, main: int) -> None:
+    """A program holds ``block_t`` tokens x the row's larger chunk (``main``) in one
+    Triton block, which may hold at most ``TRITON_MAX_TENSOR_NUMEL`` (2^20) elements:
+    refuse a config or a row beyond it with what would fit (integer math, before launch)."""
+    if config.block_t * main <= TRITON_MAX_TENSOR_NUMEL:
+        return
+    row = f"{heads} heads x {head_dim} = {heads * head_dim} elements"
+    if main > TRITON_MAX_TENSOR_NUMEL:
+        raise ValueError(f"fused_qk_rope: a token's row ({row}{', padded' if config.padded else ''}) "
+                         f"needs a block of {main} elements, over Triton's limit of "
+                         f"{TRITON_MAX_TENSOR_NUMEL} per block; rotate the heads in groups "
+                         "(e.g. xq[:, :h], xk[:, :h]) whose rows fit")
+    fits = TRITON_MAX_TENSOR_NUMEL // main
+    raise ValueError(f"fused_qk_rope: RowsConfig(block_t={config.block_t}) x {main} row "
+                     f"elements ({row}) is {config.block_t * main} elements per block, over "
+                     f"Triton's limit of {TRITON_MAX_TENSOR_NUMEL}; use block_t <= {fits}")
+
+
 def fused_grid(n_tokens: int, config: RowsConfig) -> tuple[int]:
     """One-dimensional grid: a program per ``config.block_t`` tokens."""
     return (triton.cdiv(n_tokens, config.block_t),)
@@ -422,10 +444,11 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     if tokens == 0 or heads == 0:
         return
     n_tokens = tokens if n_tokens is None else n_tokens
-    check_triton_device(xq, "fused_qk_rope")
     if config is None:
         config = fused_launch_config(heads, head_dim, xq.element_size())
     main, rest = row_chunks(heads, head_dim, config.padded)
+    check_block_fits(config, heads, head_dim, main)
+    check_triton_device(xq, "fused_qk_rope")
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
     interleaved = interleaved_cos_sin(cos, sin)

@@ -17,6 +17,7 @@ a private module name and never committed.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -24,6 +25,7 @@ import json
 import linecache
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -109,9 +111,41 @@ def export_peers_dir() -> None:
         os.environ["ROPE_PEERS_DIR"] = str(peers_dir())
 
 
+@contextmanager
+def _open_regular(path: Path):
+    """``path`` opened for reading if it is a regular file; anything else (a named
+    pipe, whose read would wait forever for a writer, a device, a socket) is a
+    ``PeerCacheError`` naming it. O_NONBLOCK makes opening a pipe return at once."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise PeerCacheError(f"{path} is not a regular file (a "
+                                 f"{_KINDS.get(stat.S_IFMT(mode), 'special file')}); a peer's "
+                                 "files are read from regular files only: re-run `python -m "
+                                 "rope_kernels peers fetch --force`")
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
+_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device",
+          stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket", stat.S_IFDIR: "folder"}
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (``_open_regular``)."""
+    with _open_regular(path) as f:
+        return f.read()
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -145,7 +179,7 @@ def _installed_file(pin: PinnedWheel, path: str) -> SourceFile | None:
     location = Path(importlib.metadata.distribution(pin.package).locate_file(path))
     if not location.is_file():
         return None
-    data = location.read_bytes()
+    data = read_regular(location)
     return SourceFile(pin.package, version, path, location, hashlib.sha256(data).hexdigest(),
                       "installed", data)
 
@@ -157,7 +191,7 @@ def _read_manifest(manifest_path: Path, package: str, version: str, what: str) -
         raise PeerCacheError(f"no manifest at {manifest_path}: run `python -m rope_kernels peers "
                              f"fetch` to cache {package}=={version}'s {what}")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(read_regular(manifest_path).decode("utf-8"))
         entries = {e["path"]: e["sha256"] for e in manifest["files"]}
         got = (manifest["package"], manifest["version"])
     except (ValueError, KeyError, TypeError) as exc:
@@ -176,7 +210,7 @@ def _cached_file(pin: PinnedWheel, path: str, root: Path | None = None) -> Sourc
         raise PeerCacheError(f"{path} is not listed in {manifest_path}")
     location = folder / path
     try:
-        data = location.read_bytes()  # read once: these bytes are hashed and later executed
+        data = read_regular(location)  # read once: these bytes are hashed and later executed
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         raise PeerCacheError(f"cached peer file missing: {location}") from None
     digest = hashlib.sha256(data).hexdigest()
@@ -477,16 +511,44 @@ def tree_digest(entries: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class CachedTree:
-    """A verified pinned tree in the cache: where it is and its digest."""
+    """A verified pinned tree in the cache: where it is, its digest, and the bytes of
+    its files as they were hashed (``import_tree`` runs its Python from these)."""
 
     tree: PinnedTree
     root: Path  # folder holding the wheel's paths (e.g. root / "sglang/kernels/jit")
     sha256: str  # tree_digest, equal to the pin
     files: int
+    data: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _unlisted(folder: Path, listed: set[str]) -> list[str]:
+    """What the tree's folder holds beyond its manifest's files: extra files (a header
+    a compiler would find on the include path), links, pipes. ``__pycache__`` folders
+    are passed over: bytecode is never read (``import_tree`` compiles the checked bytes)."""
+    parents = {str(Path(p).parent) for p in listed}
+    parents |= {str(q) for p in parents for q in Path(p).parents}
+    extra = []
+    for top, dirs, names in os.walk(folder):
+        rel_top = Path(top).relative_to(folder)
+        for d in list(dirs):
+            rel = (rel_top / d).as_posix()
+            if d == "__pycache__":
+                dirs.remove(d)
+            elif (Path(top) / d).is_symlink() or rel not in parents:
+                extra.append(rel + "/")
+                dirs.remove(d)
+        for n in names:
+            rel = (rel_top / n).as_posix()
+            if rel == MANIFEST or (rel in listed and not (Path(top) / n).is_symlink()):
+                continue
+            extra.append(rel)
+    return sorted(extra)
 
 
 def load_tree(tree: PinnedTree, root: Path | None = None) -> CachedTree:
-    """The cached tree after re-hashing every file against its manifest and the pin."""
+    """The cached tree after reading every file once and hashing it against its
+    manifest and the pin; a file the manifest does not list (or a link, or a pipe) in
+    the tree's folder is an error naming it."""
     folder = (Path(root) if root is not None else peers_dir()) / tree.key
     manifest_path = folder / MANIFEST
     entries = _read_manifest(manifest_path, tree.package, tree.version, f"{tree.name} files")
@@ -494,15 +556,83 @@ def load_tree(tree: PinnedTree, root: Path | None = None) -> CachedTree:
     if digest != tree.tree_sha256:
         raise PeerCacheError(f"{manifest_path} lists a tree with sha256 {digest}, pinned "
                              f"{tree.tree_sha256}: re-run `python -m rope_kernels peers fetch`")
+    extra = _unlisted(folder, set(entries))
+    if extra:
+        raise PeerCacheError(f"{folder} holds {len(extra)} path(s) its pinned tree does not "
+                             f"list ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): "
+                             "a compiler or import could pick them up; re-run `python -m "
+                             "rope_kernels peers fetch --force`")
+    data = {}
     for path, sha in entries.items():
         location = folder / path
-        if not location.is_file():
-            raise PeerCacheError(f"cached peer file missing: {location}")
-        got = sha256_file(location)
+        try:
+            data[path] = read_regular(location)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise PeerCacheError(f"cached peer file missing: {location}") from None
+        got = hashlib.sha256(data[path]).hexdigest()
         if got != sha:
             raise PeerCacheError(f"cached peer file {location} has sha256 {got}, the pinned "
                                  f"tree says {sha}: re-run `python -m rope_kernels peers fetch`")
-    return CachedTree(tree, folder, digest, len(entries))
+    return CachedTree(tree, folder, digest, len(entries), data)
+
+
+class _VerifiedTreeLoader(importlib.abc.Loader):
+    """Runs one of a tree's Python files from the bytes ``load_tree`` hashed: never
+    the disk again, never ``__pycache__``. ``__file__`` is the file's real path (the
+    engines find their data beside it); tracebacks and ``inspect`` read the checked text."""
+
+    def __init__(self, location: Path, data: bytes):
+        self._location, self._data = location, data
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        filename = str(self._location)
+        text = self._data.decode("utf-8")
+        # mtime None: linecache.checkcache keeps the entry (never re-read from disk)
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+        exec(compile(self._data, filename, "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self._data.decode("utf-8")
+
+
+class _VerifiedTreeFinder(importlib.abc.MetaPathFinder):
+    """Finds a verified tree's modules by name; a module file under the tree that the
+    pin does not list (planted after the check) is an ImportError, not run."""
+
+    def __init__(self, cached: CachedTree):
+        self.key = cached.tree.key
+        self._root = cached.root
+        self._sources = {p: d for p, d in cached.data.items() if p.endswith(".py")}
+        self._tops = {p.split("/", 1)[0] for p in self._sources}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".", 1)[0] not in self._tops:
+            return None
+        rel = fullname.replace(".", "/")
+        for candidate, package in ((f"{rel}.py", False), (f"{rel}/__init__.py", True)):
+            if candidate in self._sources:
+                location = self._root / candidate
+                return importlib.util.spec_from_file_location(
+                    fullname, location, loader=_VerifiedTreeLoader(location, self._sources[candidate]),
+                    submodule_search_locations=[str(self._root / rel)] if package else None)
+        if (self._root / f"{rel}.py").exists() or (self._root / rel).is_dir():
+            raise ImportError(f"{fullname}: {self._root / rel} is not a file of the pinned "
+                              f"{self.key} tree; not imported", name=fullname)
+        return None
+
+
+def import_tree(cached: CachedTree) -> None:
+    """From now on, import the tree's modules (by their package names) from the bytes
+    ``load_tree`` checked; once per tree and process (its modules import more at call
+    time, so the finder stays)."""
+    for i, finder in enumerate(sys.meta_path):
+        if isinstance(finder, _VerifiedTreeFinder) and finder.key == cached.tree.key:
+            sys.meta_path[i] = _VerifiedTreeFinder(cached)
+            return
+    sys.meta_path.insert(0, _VerifiedTreeFinder(cached))
 
 
 def package_module(name: str, path: Path | None = None) -> types.ModuleType:

@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_writable_in_place
-from rope_kernels.peers.cache import (TREES, installed_cuda_peer, installed_version, load_tree,
-                                      package_module, sha256_file)
+from rope_kernels.peers.cache import (TREES, import_tree, installed_cuda_peer, installed_version,
+                                      load_tree, package_module, sha256_file)
 from rope_kernels.peers.prepared import prepared_per_freqs
 
 PACKAGE = "flashinfer-python"
@@ -110,6 +110,7 @@ def source() -> tuple[str, str, str, types.ModuleType]:
         raise RuntimeError("another flashinfer is imported in this process; cannot load the "
                            f"pinned flashinfer {PINNED_VERSION} tree beside it")
     cached = load_tree(TREE)
+    import_tree(cached)  # its Python runs from the checked bytes, never the disk again
     sys.modules.update({name: package_module(name, cached.root.joinpath(*name.split(".")))
                         for name in ("flashinfer", "flashinfer.jit")})
     sys.modules["flashinfer"].jit = sys.modules["flashinfer.jit"]

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
-from rope_kernels.peers.cache import (TREES, CachedTree, installed_version, load_tree,
-                                      package_module)
+from rope_kernels.peers.cache import (TREES, CachedTree, import_tree, installed_version,
+                                      load_tree, package_module)
 from rope_kernels.peers.prepared import prepared_per_freqs
 from rope_kernels.peers.vllm import packed_qkv_of
 
@@ -137,6 +137,7 @@ def source() -> tuple[str, str, str, types.ModuleType]:
         raise RuntimeError("another sglang is imported in this process; cannot load the "
                            f"pinned sglang {PINNED_VERSION} tree beside it")
     cached: CachedTree = load_tree(TREE)
+    import_tree(cached)  # its Python runs from the checked bytes, never the disk again
     sys.modules.update(import_shims(cached.root))
     try:
         vision_rope = importlib.import_module("sglang.kernels.ops.attention.vision_rope")

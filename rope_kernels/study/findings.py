@@ -71,8 +71,9 @@ def load(device_dir: Path) -> dict[str, pd.DataFrame]:
     """Every result file of a device folder by file name (absent: not in the dict),
     plus the targets' tables under their table names."""
     device_dir = Path(device_dir)
+    tables = T.load_tables(device_dir)  # first: it names a column a judged file lacks
     files = {name: read_table(device_dir / name) for name in RESULT_FILES if (device_dir / name).exists()}
-    files.update(T.load_tables(device_dir))
+    files.update(tables)
     return files
 
 
@@ -584,33 +585,49 @@ def _device_title(files: dict, device: str) -> str:
     return "an " + names[0] if len(names) == 1 and names[0].startswith("NVIDIA") else (names[0] if names else device)
 
 
-def readme_section(readme: str) -> str:
+def _marker_span(readme: str, name: str = "README.md") -> tuple[int, int]:
+    """Where the findings go in ``readme``: (end of the begin marker, start of the end
+    marker); each marker once, the begin marker first, else a ValueError naming them."""
+    counts = {m: readme.count(m) for m in (FINDINGS_BEGIN, FINDINGS_END)}
+    if not all(counts.values()):
+        raise ValueError(f"{name} has no findings markers ({FINDINGS_BEGIN} ... {FINDINGS_END})")
+    if any(n > 1 for n in counts.values()):
+        raise ValueError(f"{name} holds a findings marker more than once "
+                         f"(begin {counts[FINDINGS_BEGIN]}x, end {counts[FINDINGS_END]}x); "
+                         "keep one pair")
+    begin, end = readme.index(FINDINGS_BEGIN), readme.index(FINDINGS_END)
+    if end < begin:
+        raise ValueError(f"{name}'s findings markers are swapped ({FINDINGS_END} comes before "
+                         f"{FINDINGS_BEGIN}); put the begin marker first")
+    return begin + len(FINDINGS_BEGIN), end
+
+
+def readme_section(readme: str, name: str = "README.md") -> str:
     """The text between the findings markers of ``readme``."""
-    if FINDINGS_BEGIN not in readme or FINDINGS_END not in readme:
-        raise ValueError("README.md has no findings markers (" + FINDINGS_BEGIN + " ... " + FINDINGS_END + ")")
-    return readme.split(FINDINGS_BEGIN, 1)[1].split(FINDINGS_END, 1)[0].strip("\n") + "\n"
+    start, stop = _marker_span(readme, name)
+    return readme[start:stop].strip("\n") + "\n"
+
+
+def read_readme(readme_path: Path) -> str:
+    """README.md's text; a pipe or folder in its place is one line (never a hang)."""
+    from rope_kernels.atomic_io import read_regular_file
+
+    return read_regular_file(Path(readme_path)).decode("utf-8")
 
 
 def write_readme(readme_path: Path, section: str) -> bool:
-    """Replace the findings section of ``readme_path`` (atomically); True when it changed."""
-    import os
-    import tempfile
+    """Replace the findings section of ``readme_path`` atomically; True when it changed.
+    A symbolic link is written through (its target replaced) and the file keeps its
+    permission bits."""
+    from rope_kernels.atomic_io import write_atomic
 
-    text = Path(readme_path).read_text()
-    old = readme_section(text)
-    if old == section:
+    readme_path = Path(readme_path)
+    text = read_readme(readme_path)
+    start, stop = _marker_span(text, str(readme_path))
+    if readme_section(text, str(readme_path)) == section:
         return False
-    before, rest = text.split(FINDINGS_BEGIN, 1)
-    after = rest.split(FINDINGS_END, 1)[1]
-    new = f"{before}{FINDINGS_BEGIN}\n{section}{FINDINGS_END}{after}"
-    fd, tmp = tempfile.mkstemp(dir=Path(readme_path).parent, prefix=".README.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(new)
-        os.replace(tmp, readme_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    new = f"{text[:start]}\n{section}{text[stop:]}"
+    write_atomic(readme_path, new, through_link=True, keep_mode=True)
     return True
 
 

@@ -25,6 +25,9 @@ import yaml
 
 from rope_kernels.study.specs import NOTEBOOKS, RUNNER_PARAMS, SPECS, NotebookSpec
 
+# Parameters are lists of lists at most (shapes, families): deeper nesting is a mistake
+# or an attack on the parser's recursion.
+MAX_YAML_DEPTH = 32
 MAX_YAML_BYTES = 64 * 1024  # the profiles are a few KB
 
 
@@ -89,8 +92,18 @@ def safe_yaml(text: str, what: str):
     if size > MAX_YAML_BYTES:
         raise ParameterError(f"{what}: {size} bytes of YAML, more than the {MAX_YAML_BYTES} "
                              "a parameter file may hold")
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    mark = event.start_mark
+                    raise ParameterError(f"{what}: YAML nested more than {MAX_YAML_DEPTH} "
+                                         f"levels deep (line {mark.line + 1}, column "
+                                         f"{mark.column + 1}); no parameter needs that")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 mark = event.start_mark
                 raise ParameterError(f"{what}: YAML anchors and aliases are not accepted (line "
@@ -98,6 +111,8 @@ def safe_yaml(text: str, what: str):
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ParameterError(f"{what}: not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:  # a parser's own recursion, whatever the depth above allowed
+        raise ParameterError(f"{what}: YAML nested too deeply to read") from None
 
 
 def parse_override(text: str) -> tuple[str | None, str, object]:

@@ -33,7 +33,12 @@ from pathlib import Path
 import pandas as pd
 
 # Atomic replacement (and its refusals) has one home, shared with bench/ and peers/.
-from rope_kernels.atomic_io import ResultFileError, check_replaceable, write_atomic  # noqa: F401
+from rope_kernels.atomic_io import (  # noqa: F401
+    ResultFileError,
+    check_replaceable,
+    read_regular_file,
+    write_atomic,
+)
 
 # Every result file's key and declared migrations live in the notebook specs.
 from rope_kernels.study.specs import (  # noqa: F401
@@ -43,6 +48,7 @@ from rope_kernels.study.specs import (  # noqa: F401
     PEER_COLUMNS,
     QKV_KEY,
     RESULT_FILES as TABLES,
+    SPECS,
     Table,
 )
 
@@ -54,10 +60,84 @@ TEXT_COLUMNS = ("git_commit", "peer_package", "peer_version", "peer_sha256", "to
                 "order_seed", "round_positions")
 
 
-def read_table(path) -> pd.DataFrame:
-    """A result CSV for reading (summaries, targets, findings): ``TEXT_COLUMNS`` as text,
-    the rest as pandas infers it."""
-    return pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS})
+def read_table(path, required: Sequence[str] = ()) -> pd.DataFrame:
+    """A result CSV for reading (summaries, targets, findings, the index, submit):
+    ``TEXT_COLUMNS`` as text, the rest as pandas infers it, older column names as
+    ``TABLES`` renames them, resolutions in their one spelling.
+
+    The one checked reader: an empty or unreadable file, a malformed or unterminated
+    line, a missing column of ``required``, or two rows under one key
+    (a reader would mix them) is a one-line ``ResultFileError`` naming the file."""
+    path = Path(path)
+    text = _checked_text(path)
+    table = table_for(path.name)
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype={c: str for c in TEXT_COLUMNS})
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ResultFileError(f"{path}: not a readable CSV ({exc})") from None
+    if table is not None:
+        df = df.rename(columns={o: n for o, n in table.renamed.items()
+                                if o in df.columns and n not in df.columns})
+    if "resolution" in df.columns:
+        df["resolution"] = df["resolution"].map(_one_spelling)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ResultFileError(f"{path}: lacks column(s) {missing} that its rows need; "
+                              "was it written by this study?")
+    # the key's columns the file holds (a reader's own file may carry fewer)
+    key = [c for c in (table.key if table is not None else ()) if c in df.columns]
+    repeated = df.duplicated(subset=key, keep=False) if key and len(df) else None
+    if repeated is not None and repeated.any():
+        lines = [i + 2 for i in df.index[repeated]][:6]
+        raise ResultFileError(f"{path}: lines {lines} repeat a key ({', '.join(key)}): "
+                              "which row holds the measurement is ambiguous; remove the "
+                              "stale rows (resolutions are compared in one spelling)")
+    return df
+
+
+def _one_spelling(value):
+    from rope_kernels.vocabulary import resolution_text
+
+    try:
+        return resolution_text(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _checked_text(path: Path) -> str:
+    """The text of a result CSV whose every line parses into the header's fields."""
+    try:
+        data = read_regular_file(path)
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such result file") from None
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
+    if not text.strip():
+        raise ResultFileError(f"{path}: the file is empty (not even a header); delete it "
+                              "or re-run the notebook that writes it")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        lines = list(reader)
+    except csv.Error as exc:
+        raise ResultFileError(f"{path}:{reader.line_num}: not a well-formed CSV line "
+                              f"({exc})") from None
+    header = lines[0]
+    if len(set(header)) != len(header):
+        raise ResultFileError(f"{path}:1: the header repeats a column")
+    if not text.endswith("\n"):
+        raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
+                              "the file was truncated")
+    for number, fields in enumerate(lines[1:], start=2):
+        if fields == header:
+            raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
+        if len(fields) != len(header):
+            raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
+                                  f"has {len(header)} (malformed or truncated line)")
+    return text
 
 
 def table_for(name: str) -> Table | None:
@@ -202,6 +282,7 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
 
 _INT = re.compile(r"[-+]?\d+")
 _BOOL = {"True", "False"}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _kind(dtype) -> str:
@@ -210,8 +291,8 @@ def _kind(dtype) -> str:
 
 
 def _value_ok(text: str, kind: str) -> bool:
-    if kind == "int":
-        return bool(_INT.fullmatch(text))
+    if kind == "int":  # and within int64, the type the column is read as
+        return bool(_INT.fullmatch(text)) and _INT64_MIN <= int(text) <= _INT64_MAX
     if kind == "float":
         if text == "":
             return True
@@ -241,7 +322,12 @@ def read_results(path: Path, schema: dict[str, object],
     except UnicodeDecodeError as exc:
         raise ResultFileError(f"{path}: not UTF-8 text ({exc})") from None
     table = table or table_for(path.name) or Table(())
-    lines = list(csv.reader(io.StringIO(text, newline="")))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        lines = list(reader)
+    except csv.Error as exc:  # e.g. a quote never closed: the rest of the file is one field
+        raise ResultFileError(f"{path}:{reader.line_num}: not a well-formed CSV line ({exc}); "
+                              "nothing was written") from None
     header = lines[0]
     columns = [table.renamed.get(c, c) if table.renamed.get(c) in schema and c not in schema
                else c for c in header]
@@ -275,7 +361,11 @@ def read_results(path: Path, schema: dict[str, object],
                                       f"not {kind} like the rows being written")
     # Text is kept as written ('NA', 'null', 'None' are values, not missing); only an
     # empty numeric or bool field is missing, read into a type that writes back the same.
-    old = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    try:
+        old = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError) as exc:  # what the line checks above missed
+        raise ResultFileError(f"{path}: not a well-formed CSV ({exc}); nothing was "
+                              "written") from None
     old.columns = columns
     for name, kind in zip(columns, kinds):
         if kind != "text":  # the values were checked above: these conversions cannot fail
@@ -317,20 +407,37 @@ def _read_dtype(kind: str, may_be_empty: bool):
     return str
 
 
-_STALE_TEMP = re.compile(r"^\..+\.[^.]+\.(tmp|ipynb)$")
+# mkstemp's names: ".<prefix>" + 8 characters of [a-z0-9_] + "<suffix>"
+_STALE_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.(?P<ext>tmp|ipynb)$")
+# what write_atomic replaces in the swept folders: results, reports, traces
+_WRITTEN_SUFFIXES = (".csv", ".ipynb", ".html", ".json.gz", ".json")
+
+
+def _is_our_temp(name: str) -> bool:
+    """A temporary file this code makes, by its whole name: ``.NAME.XXXXXXXX.tmp`` of
+    ``write_atomic`` for a NAME it writes, or ``.NOTEBOOK.XXXXXXXX.ipynb`` of the runner
+    for a study notebook; a user's hidden file (``.my.notes.ipynb``) is not one."""
+    m = _STALE_TEMP.match(name)
+    if not m:
+        return False
+    if m["ext"] == "ipynb":
+        return m["name"] in SPECS
+    return m["name"].endswith(_WRITTEN_SUFFIXES)
 
 
 def sweep_temp_files(folder: Path, older_than_s: float = 60.0) -> list[Path]:
-    """Remove temporary files a killed run left in ``folder`` (``.NAME.XXXX.tmp``
-    from ``write_atomic``, ``.NAME.XXXX.ipynb`` from the runner). Only files older
-    than ``older_than_s`` go, so another writer's file in flight is left alone."""
+    """Remove temporary files a killed run left in ``folder`` (``.NAME.XXXXXXXX.tmp``
+    from ``write_atomic``, ``.NOTEBOOK.XXXXXXXX.ipynb`` from the runner: ``_is_our_temp``).
+    Only files older than ``older_than_s`` go, so another writer's file in flight is
+    left alone; any other file stays, hidden or not."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     now = time.time()
     removed = []
     for p in folder.iterdir():
-        if p.is_file() and _STALE_TEMP.match(p.name) and now - p.stat().st_mtime > older_than_s:
+        if _is_our_temp(p.name) and p.is_file() and not p.is_symlink() \
+                and now - p.stat().st_mtime > older_than_s:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
                 removed.append(p)

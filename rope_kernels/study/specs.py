@@ -31,6 +31,7 @@ from rope_kernels.vocabulary import (
     KNOWN_VARIANTS,
     MICROBENCH_MODES,
     parse_resolution,
+    resolution_text,
     resolution_tokens,
 )
 
@@ -88,6 +89,23 @@ def _resolution_problem(item) -> str | None:
         parse_resolution(item)
     except (TypeError, ValueError) as exc:
         return str(exc)
+    return None
+
+
+def _resolutions_rule(v, kind) -> str | None:
+    """Resolutions, each once in any spelling ('56x56' and '56X56' are one bucket)."""
+    problem = list_of(_resolution_problem)(v, kind)
+    if problem:
+        return problem
+    spelled = [resolution_text(r) for r in v]
+    repeated = sorted({r for r in spelled if spelled.count(r) > 1})
+    return f"names a resolution twice (in two spellings?): {repeated}" if repeated else None
+
+
+def _seed_rule(v, kind) -> str | None:
+    """A seed torch.manual_seed takes and the int64 ``seed`` column holds."""
+    if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= 2**63 - 1:
+        return f"must be an int from 0 to 2**63 - 1 (a 64-bit seed), got {v!r}"
     return None
 
 
@@ -302,6 +320,10 @@ ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
+# The encoder's paired per-round statistics (bench/encoder_bench.py).
+PAIRED_COLUMNS = ("paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
+                  "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80")
+
 # Time to first token, modelled (model/prefill.add_ttft) beside the measured latency.
 MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_fast_ms",
                          "modelled_ttft_fast_ms", "modelled_prefill_ms", "modelled_ttft_ms",
@@ -321,6 +343,12 @@ def _only_the_row_tiling(old):
     import pandas as pd
 
     return pd.Series("row", index=old.index).where(old["same_bytes_copy_us"].notna())
+
+
+def _all_supported(old):
+    import pandas as pd
+
+    return pd.Series(True, index=old.index)
 
 
 def _never_in_place(old):
@@ -390,8 +418,11 @@ RESULT_FILES: dict[str, Table] = {
                                # whole-token rows became the default
                                recoded={"strategy": {"grid": "tiles"}}),
     CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
-                             added=PEER_COLUMNS + ("seed",)),
+                             # rows from before supported/reason were all run (supported)
+                             added=("supported", "reason") + PEER_COLUMNS + ("seed",),
+                             derived={"supported": _all_supported}),
     LAUNCHES_CSV: Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
+                          renamed={"study_facts": "derived_from_code"},
                           added=PEER_COLUMNS),
     # The vision encoder's measured latency (notebook 04), called ttft.csv until
     # time to first token (encoder + modelled prefill) was added beside it.
@@ -399,7 +430,9 @@ RESULT_FILES: dict[str, Table] = {
         ENCODER_LATENCY_KEY, formerly=("ttft.csv",),
         renamed={"rope_share": "profiled_rope_share", "rope_device_ms": "profiled_rope_device_ms",
                  "peak_mem_mb": "profiled_peak_mem_mb"},
-        added=PEER_COLUMNS + ("round_positions", "order_seed", "round_ms", "in_place",
+        # paired_* came with 88edead's paired statistics, rope_device_ms after 691d48a
+        added=PEER_COLUMNS + ("profiled_rope_device_ms", *PAIRED_COLUMNS,
+                              "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS),
         derived={"in_place": _old_rows_in_place}),
@@ -425,7 +458,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
         "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
         "variants": Param([], variant_names(allow_empty=True), variants=True),
-        "seed": Param(0),
+        "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),
     NotebookSpec("02_microbench", {
@@ -459,7 +492,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "layers": Param(0, lambda v, kind: None if v >= 0 else
                         f"must be >= 0 (0: the encoder's own depth), got {v!r}"),
         "dtype": Param("bfloat16", one_of(DTYPE_NAMES)),
-        "resolutions": Param(["56x56", "112x84"], list_of(_resolution_problem)),
+        "resolutions": Param(["56x56", "112x84"], _resolutions_rule),
         "image_counts": Param([1, 2], list_of(_int_ge1)),
         "variants": Param(["native", "fused", "fused_inplace", "vllm_packed_qk", "sglang_vision",
                            "vllm_merged", "gemm_epilogue", "none"],
@@ -482,11 +515,11 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "llm_moe_ep": Param(8, at_least(1)),
         "encoder_graph_tokens": Param(5120, at_least(0)),  # vLLM's largest encoder graph (merged)
         "image_counts_by_resolution": Param({}, _counts_by_resolution),
-        "seed": Param(0),
+        "seed": Param(0, _seed_rule),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
     }, writes=(ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV), delivers=ENCODER_LATENCY_CSV,
-        shard=Shard("resolutions", lambda item: {"resolution": [item]}),
+        shard=Shard("resolutions", lambda item: {"resolution": [resolution_text(item)]}),
         checks=(_some_bucket_fits, _ttft_settings_fit)),
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,

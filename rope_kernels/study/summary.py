@@ -18,6 +18,13 @@ from rope_kernels.vocabulary import KIMI_HEAD_DIM, KIMI_HEADS
 KIMI = (KIMI_HEADS[0], KIMI_HEAD_DIM)  # heads x head_dim of Kimi-K2.5's vision tower (TP=1)
 
 
+# What device_summary reads of each file: a file without them is refused naming it.
+SUMMARY_COLUMNS = {MICROBENCH_CSV: ("variant", "tokens", "heads", "head_dim", "dtype", "mode",
+                                      "median_us", "device_name", "git_commit"),
+                   ENCODER_LATENCY_CSV: ("variant", "resolution", "images", "mode", "median_ms",
+                                           "device_name")}
+
+
 def load_device_tables(data_root: Path, name: str, device_folders: str = "all") -> pd.DataFrame:
     """Concatenate ``data/*/<name>`` (reference data excluded); a folder whose file
     still has its former name (``results.Table.formerly``, e.g. ttft.csv for
@@ -34,7 +41,7 @@ def load_device_tables(data_root: Path, name: str, device_folders: str = "all") 
         path = current_file(folder / name)
         if path is None:
             continue
-        df = read_table(path)
+        df = read_table(path, required=SUMMARY_COLUMNS.get(name, ()))
         renamed = TABLES[name].renamed if name in TABLES else {}
         df = df.rename(columns={old: new for old, new in renamed.items() if new not in df.columns})
         df["device_folder"] = path.parent.name
@@ -161,7 +168,7 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     the tree has no git)."""
     micro = load_device_tables(data_root, MICROBENCH_CSV, device_folders)
     ttft = load_device_tables(data_root, ENCODER_LATENCY_CSV, device_folders)
-    pr = pd.read_csv(PR_TABLE) if PR_TABLE.exists() else None
+    pr = read_table(PR_TABLE) if PR_TABLE.exists() else None
     folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))
                      | set(ttft.get("device_folder", pd.Series(dtype=str))))
     rows = []

@@ -201,6 +201,14 @@ TABLE_FILES = {table: (name, *RESULT_FILES[name].formerly) for table, name in (
     ("correctness", CORRECTNESS_CSV))}
 
 
+# The columns a judged table's rows must carry, what they are and what was measured
+# (a file without them is refused, not shown as "not measured").
+TABLE_VALUES = {"microbench": ("variant", "tokens", "heads", "head_dim", "mode", "median_us"),
+                "encoder": ("variant", "resolution", "images", "mode", "median_ms"),
+                "qkv_gemm": ("variant", "tokens", "mode", "median_us")}
+PR_TABLE_COLUMNS = ("tokens", "heads", "head_dim", "fused_us")
+
+
 def table_file(device_dir: Path, table: str) -> Path | None:
     """The file under ``device_dir`` that holds ``table``'s rows (None: none)."""
     for name in TABLE_FILES[table]:
@@ -221,7 +229,7 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
     """A device folder's result rows by table name (an absent file: an empty
     frame), older column names migrated as ``results.TABLES`` declares, plus
     PR #50400's published table as ``pr_table``."""
-    from rope_kernels.study.results import TABLES, read_table
+    from rope_kernels.study.results import read_table
 
     device_dir = Path(device_dir)
     if not device_dir.is_dir():
@@ -232,11 +240,10 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
         if path is None:
             out[table] = pd.DataFrame()
             continue
-        df = read_table(path)
-        renamed = TABLES[path.name].renamed if path.name in TABLES else {}
-        out[table] = df.rename(columns={o: n for o, n in renamed.items() if n not in df.columns})
-    out["pr_table"] = pd.read_csv(pr_table) if pr_table is not None and Path(pr_table).exists() \
-        else pd.DataFrame()
+        # read_table renames older columns (TABLES) and refuses a file lacking these
+        out[table] = read_table(path, required=TABLE_VALUES.get(table, ()))
+    out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
+        if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
     return out
 
 
