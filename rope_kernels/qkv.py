@@ -98,8 +98,8 @@ def qkv_rope_operands(coords: torch.Tensor, *, heads: int, head_dim: int,
     elif backend == "cute":
         turns = qkv_cute.rope_pair_turns(heads, head_dim, freqs)
     elif backend == "quack":
-        quack_ops = quack_gemm.kimi_mrope_operands(heads, head_dim, coords, freqs, None)
-        del quack_ops["bias"]
+        quack_ops = {name: t for name, t in quack_gemm.kimi_mrope_operands(
+            heads, head_dim, coords, freqs, None).items() if name != "bias"}
     return QKVRopeOperands(heads, head_dim, coords, freqs, cos, sin, turns, quack_ops)
 
 

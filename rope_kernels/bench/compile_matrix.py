@@ -120,29 +120,24 @@ def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
 
 
 def _qkv_gemm_launch(use_tma: bool):
-    """The Triton QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as the study runs it: with
-    TMA, the angles path at its NVIDIA config (the encoder's ``gemm_epilogue`` on Hopper and
-    newer: the persistent kernel); with pointer loads, the table path at the AMD config
-    (what MI300X/MI250 run; on the NVIDIA targets, what pre-Hopper GPUs would)."""
+    """The Triton QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as ``qkv_rope_linear``
+    launches it: with TMA at the NVIDIA angles config (the persistent kernel the encoder's
+    ``gemm_epilogue`` runs on Hopper and newer; here with the table's rotation, which
+    compiles for every target: the angles' SFU instructions are PTX), with pointer loads
+    at the AMD config (what MI300X/MI250 run; on the NVIDIA targets, what pre-Hopper GPUs
+    would)."""
     def launch(tokens, heads, head_dim, dtype):
-        from rope_kernels.kernels.freqs import vision_rope_frequencies
-        from rope_kernels.kernels.qkv_gemm import (QKVGemmConfig, qkv_gemm_config,
-                                                   qkv_rope_linear, qkv_rope_linear_angles)
+        from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_gemm_config, qkv_rope_linear
 
         hidden = 1152
         x = torch.empty(tokens, hidden, dtype=dtype, device="meta")
         w = torch.empty(3 * heads * head_dim, hidden, dtype=dtype, device="meta")
         b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
+        _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
         gpu = qkv_gemm_config(heads, head_dim, torch.device("cuda"), x.element_size(),
                               angles=use_tma, amd=not use_tma)
         config = QKVGemmConfig(**{**gpu.__dict__, "use_tma": use_tma})
-        if use_tma:
-            coords = torch.empty(tokens, 2, dtype=torch.int32, device="meta")
-            freqs = vision_rope_frequencies(head_dim).to("meta")
-            qkv_rope_linear_angles(x, w, b, coords, freqs, config=config)
-        else:
-            _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
-            qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag, config=config)
+        qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag, config=config)
     return launch
 
 

@@ -460,8 +460,9 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
 
     NVIDIA GPUs: ``NVIDIA_ANGLES_CONFIG`` for the angles path, ``NVIDIA_TABLE_CONFIG``
     for the table (see there); measured at Kimi's shape only. AMD GPUs (``amd``; None:
-    ROCm builds of torch): 128x128x64 tiles, 2 stages (the operand buffers fill the 64
-    KB of LDS of MI300X/MI250 exactly), one program per tile; not measured on an AMD GPU.
+    ROCm builds of torch): 128x128x64 tiles on 8 warps, 2 stages (the operand buffers fill
+    the 64 KB of LDS of MI300X/MI250 exactly), one program per tile: 96 registers, no
+    spills at gfx942/gfx90a (``compile_matrix``); not measured on an AMD GPU.
     The CPU interpreter: small tiles, one program per tile (its cost grows with the
     tile count and size, not with the GEMM's efficiency)."""
     check_positive_int("heads", heads)
@@ -471,7 +472,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
-        return QKVGemmConfig(num_stages=2)
+        return QKVGemmConfig(num_stages=2, num_warps=8)
     return NVIDIA_ANGLES_CONFIG if angles else NVIDIA_TABLE_CONFIG
 
 
