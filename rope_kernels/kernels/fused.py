@@ -229,9 +229,9 @@ def qk_strides(xq, xk, q_out, k_out, vec):
 # Bytes of q (and as many of k) one program moves by default; rows_launch_config
 # rounds down to whole tokens (at least one). 4 KB: the fastest tile or within 0.6% of
 # it on every Kimi shape of the exploration run above (1, 2, 4 and 8 KB timed out of
-# place, 2 and 4 KB in place). The sweep times the same tiles (ROWS_TILE_BYTES_SWEPT).
+# place, 2 and 4 KB in place). The sweep times the same tiles
+# (bench/fused_candidates.py's ROWS_TILE_BYTES_SWEPT).
 ROWS_TILE_BYTES = 4096
-ROWS_TILE_BYTES_SWEPT = (1024, 2048, 4096, 8192)
 ROWS_MAX_WARPS = 8
 
 
