@@ -100,7 +100,7 @@ show_source(_fused_qk_rope_rows_kernel)
 # serves every token count: whole tokens filling 4 KB of q per program (the tile an
 # exploration run on the H200 found fastest or within 1% of it at Kimi's shapes; the
 # launch-config sweep of notebook 2 times it beside the other tiles and the earlier
-# tiles-of-heads kernel, `fused_candidates.py`):
+# tiles-of-heads kernel, `bench/fused_candidates.py`):
 
 # %%
 show_source(rows_launch_config)

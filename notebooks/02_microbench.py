@@ -195,7 +195,7 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # `fused_inplace`): whole-token rows (`rows`: a program owns a few tokens' complete q and k rows,
 # `block_h` is then every head) filling 4 KB of q. Beside it, rows filling 1, 2 and 8 KB, the row
 # as one padded block (`rows_padded`), and the strategies of
-# `rope_kernels/kernels/fused_candidates.py` (`strategy`): the earlier default, `tiles` (a
+# `rope_kernels/bench/fused_candidates.py` (`strategy`): the earlier default, `tiles` (a
 # program owns a few tokens x a group of heads; timed under each tokens/heads per program and
 # warps of the block-size grid), on its tile a persistent grid (`programs_per_sm`) and angles
 # computed in-kernel from each token's (row, column) instead of a cos/sin read; cache hints on

@@ -19,9 +19,10 @@
 device = "auto"
 qkv_tokens = [37]  # token counts of the QKV projection benchmark (1152 -> 3456)
 samples = 3
+rounds = 5  # shuffled rounds the samples are taken in
 qkv_compile_budget_s = 60  # torch.compile max-autotune gets at most this long, else recorded as skipped
 progress = True
-data_dir = ""  # where to upsert qkv_gemm.csv and qkv_gemm_sweep.csv; empty: do not save
+data_dir = ""  # where to upsert qkv_gemm.csv; empty: do not save
 
 # %% [markdown]
 # # 5. RoPE inside the QKV projection's epilogue (1152 -> 3456, bf16)
@@ -42,11 +43,14 @@ data_dir = ""  # where to upsert qkv_gemm.csv and qkv_gemm_sweep.csv; empty: do 
 # sm_90 GPUs with nvidia-cutlass-dsl only) and its rotation compiled out
 # (`qkv_cute_rotation_compiled_out`), and QuACK's CuTe DSL GEMM with a bias epilogue
 # (`quack_gemm`) and with Kimi's RoPE in its epilogue (`quack_gemm_rope`), where QuACK is
-# installed. Our Triton kernel runs every candidate config (`QKV_CANDIDATE_CONFIGS`), our CuTe
-# kernel each of `CUTE_CONFIGS`, QuACK each of its configs; the main table shows each at its fastest
-# config in this run (`config`), the sweep table all of them. Timed as CUDA-graph replays
-# (median, p20/p80 of `samples`). Every variant's output is checked against float64 next to the
-# native path's own error. Compute-bound: the roof is a large cuBLAS GEMM's rate.
+# installed. All of ours and QuACK's run through one entry point (`rope_kernels.qkv.qkv_rope`,
+# one backend each), each at one fixed, named config (`config`): its backend's default, chosen
+# from the committed sweep (`data/nvidia-h200/qkv_gemm_sweep.csv`; `docs/DECISIONS.md`), not
+# from this run's samples. The inputs cover twice the L2 at every token count (`input_sets`);
+# the variants are timed in `rounds` rounds of seeded shuffled order as CUDA-graph replays
+# (median, p20/p80 of `samples` pooled over the rounds). Every variant's output is checked
+# against float64 next to the native path's own error. Compute-bound: the roof is a large
+# cuBLAS GEMM's rate.
 #
 # On a CPU nothing here is timed (the GEMMs are GPU-only); the GPU profile
 # (`params/cuda.yaml`) times 1 to 16 images of 1024x1024.
@@ -85,35 +89,31 @@ pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin"
 # NBVAL_IGNORE_OUTPUT
 if kind != "cpu":
     from rope_kernels.bench.qkv_bench import peak_bf16_tflops, roofline, run_qkv_bench
-    qkv_bench = run_qkv_bench(qkv_tokens, device=dev, samples=samples,
-                              compile_budget_s=qkv_compile_budget_s, progress=progress)
-    qkv, qkv_sweep = qkv_bench.rows, qkv_bench.sweep
+    qkv = run_qkv_bench(qkv_tokens, device=dev, samples=samples, rounds=rounds,
+                        compile_budget_s=qkv_compile_budget_s, progress=progress).rows
     if data_dir:
         upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv)
         print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
-        upsert_csv(Path(data_dir) / "qkv_gemm_sweep.csv", qkv_sweep)
-        print(data_line(Path(data_dir) / "qkv_gemm_sweep.csv"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas_fused_rope").round(3).rename_axis(columns="time / (cuBLAS + fused RoPE) [x]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="tflops").round(0).rename_axis(columns="TFLOP/s"))
     display(qkv[qkv.config != ""].pivot_table(index="tokens", columns="variant", values="config", aggfunc="first").rename_axis(columns="config of the row"))
     display(qkv[["variant", "tokens", "reference", "max_abs_err", "native_max_abs_err", "error_tolerance", "matches_float64"]])
-    display(qkv_sweep.pivot_table(index=["variant", "config"], columns="tokens", values="median_us").round(1).rename_axis(columns="sweep: median [us] by tokens"))
-    notes = pd.concat([qkv, qkv_sweep])
-    display(notes[notes.note != ""][["variant", "config", "tokens", "note"]].drop_duplicates())
+    display(qkv.pivot_table(index="tokens", columns="variant", values="p80_us").div(qkv.pivot_table(index="tokens", columns="variant", values="median_us")).round(3).rename_axis(columns="p80 / median [x]"))
+    display(qkv[qkv.note != ""][["variant", "config", "tokens", "note"]])
 else:
     print("QKV projection benchmark: GPU only (the CPU run times nothing here)")
 
 # %% [markdown]
 # ## Where the time goes, and the compute roof
 #
-# Each of our kernels runs at its own fastest candidate; `qkv_gemm_rotation_compiled_out` runs
-# at the config of the faster of the two Triton ones. At that config, a kernel minus the
-# compiled-out one is its epilogue's rotation (blank where the kernel's fastest config was
+# Each of our kernels runs at its default config; `qkv_gemm_rotation_compiled_out` runs at the
+# angles path's (the encoder's). At that config, a kernel minus the
+# compiled-out one is its epilogue's rotation (blank where the kernel's config is
 # another); the compiled-out kernel over `cublas_linear` is the mainloop's deficit (or lead)
 # against cuBLAS. The second table does the same for our CuTe DSL kernel
-# (`qkv_cute_rotation_compiled_out` at `qkv_rope_linear_cute`'s fastest config), where it ran.
+# (`qkv_cute_rotation_compiled_out` at `qkv_rope_linear_cute`'s config), where it ran.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -170,8 +170,9 @@ if kind != "cpu":
     display(qkv_verdicts.drop(columns=["op", "threshold", "unit"]).round(3))
 
 # %% [markdown]
-# **Caveats.** Each variant is timed alone, its calls rotating over several input sets; in the
-# encoder the projection's input comes from the previous layer. The fastest config of a swept
-# variant is picked and reported from the same run's samples. `compile_max_autotune` compiles
+# **Caveats.** The variants take turns in shuffled rounds, their calls rotating over input sets
+# that cover twice the L2; in the encoder the projection's input comes from the previous layer.
+# The configs are fixed before the run (a default tuned on an H200 at Kimi's shape may not be
+# the best elsewhere: `tools/qkv_sweep.py` explores). `compile_max_autotune` compiles
 # once per token count; once compiling has taken `qkv_compile_budget_s` in total, later token
 # counts record it as skipped (largest first in the GPU profile, so the large shapes are covered).

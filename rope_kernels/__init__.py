@@ -5,7 +5,10 @@ Public API:
     fused_qk_rope(xq, xk, cos, sin, *, inplace)     one Triton launch for q and k
     vllm_merged_recreated_rope(xq, xk, freqs_cis)   our re-creation of what PR #50400 merged
     vision_freqs_cis(grid_thw, head_dim, ...)       Kimi's 2D RoPE table
-    qkv_rope_linear(x, w_qkv, b_qkv, cos, sin)      QKV projection with q/k rotated in its epilogue
+    qkv_rope(x, w, b, operands, heads=, head_dim=, backend=)
+                                                    QKV projection with q/k rotated in its
+                                                    epilogue (our CuTe or Triton kernel, QuACK's)
+    qkv_rope_operands(coords, heads=, head_dim=)    its per-forward operands
     VARIANTS, peer_status()                         name -> Variant (callable, packed call,
                                                     launches, peer provenance); which peers ran
 
@@ -34,8 +37,8 @@ _EXPORTS = {
     "RowsConfig": "rope_kernels.kernels.fused",
     "fused_launch_config": "rope_kernels.kernels.fused",
     "fused_qk_rope": "rope_kernels.kernels.fused",
-    "qkv_rope_linear": "rope_kernels.kernels.qkv_gemm",
-    "qkv_rope_linear_angles": "rope_kernels.kernels.qkv_gemm",
+    "qkv_rope": "rope_kernels.qkv",
+    "qkv_rope_operands": "rope_kernels.qkv",
     "cos_sin_views": "rope_kernels.kernels.reference",
     "native_rope": "rope_kernels.kernels.reference",
     "rope_cos_sin": "rope_kernels.kernels.reference",

@@ -124,7 +124,7 @@ LAYERS = {
     "rope_kernels.kernels": 1,
     "rope_kernels.correctness": 2,
     "rope_kernels.peers": 3,
-    "rope_kernels.variants": 4,
+    "rope_kernels.variants": 4, "rope_kernels.qkv": 4,
     "rope_kernels.bench": 5, "rope_kernels.model": 5,
 }
 STUDY = "rope_kernels.study"
@@ -247,9 +247,6 @@ def test_no_test_installs_system_packages():
 # that is neither in the matrix nor here fails the test below; remove an entry once
 # its KernelEntry lands.
 COMPILE_MATRIX_PENDING = {
-    ("rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel_ws"):
-        "the QKV GEMM's warp-specialized kernel: hung on an H200, never timed; compiled for "
-        "sm_90 by test_qkv_gemm's sweep test (QKV_WARP_SPECIALIZED_CONFIGS)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_row_kernel"):
         "the SM same-bytes copy, row tiling (a benchmark reference, not a study kernel)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_tokens_kernel"):
@@ -262,9 +259,9 @@ COMPILE_MATRIX_PENDING = {
         "the SM same-bytes copy in SGLang's cut, pairs per program (a benchmark reference)",
     ("rope_kernels.bench.same_bytes_copy", "_copy_pair_scalars_kernel"):
         "the SM same-bytes copy in SGLang's cut with its scalar loads (a benchmark reference)",
-    ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_persistent_kernel"):
+    ("rope_kernels.bench.fused_candidates", "_fused_qk_rope_persistent_kernel"):
         "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
-    ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_angles_kernel"):
+    ("rope_kernels.bench.fused_candidates", "_fused_qk_rope_angles_kernel"):
         "a launch candidate the sweep measures (issue 17); joins the matrix if it becomes the default",
 }
 

@@ -226,28 +226,28 @@ def test_encoder_target_judges_ropes_cost_against_our_own_gemm(cute, verdict):
 
 
 def test_own_gemm_floor_runs_the_cute_kernel_with_its_rotation_compiled_out(monkeypatch):
-    """The encoder wiring, on any machine: gemm_epilogue_cute calls our CuTe QKV kernel with
-    the rotation on, gemm_epilogue_cute_norot the same kernel (same config otherwise) with it
+    """The encoder wiring, on any machine: gemm_epilogue_cute calls our CuTe QKV kernel (through
+    qkv_rope) with the rotation on, gemm_epilogue_cute_norot the same kernel and config with it
     compiled out. The kernel is replaced by its plain projection (CPU)."""
     from rope_kernels.model import vit
 
-    configs = []
+    calls = []
 
-    def fake(linear, h, coords, heads, head_dim, *, theta=10000.0, config=None):
-        configs.append(config)
-        return linear(h).view(h.shape[0], 3, heads, head_dim)
+    def fake(x, w, b, operands, *, heads, head_dim, backend="auto", epilogue="rope", config=None,
+             out=None):
+        calls.append((backend, epilogue, config))
+        return torch.nn.functional.linear(x, w, b).view(x.shape[0], 3, heads, head_dim)
 
-    monkeypatch.setattr(vit, "rotating_qkv_projection_cute", fake)
+    monkeypatch.setattr(vit, "qkv_rope", fake)
+    monkeypatch.setattr(vit, "qkv_rope_operands", lambda *a, **k: object())
     monkeypatch.setattr(vit, "encoder_only_absent", lambda: {})
     cfg = EncoderConfig.small()
     model = MoonViTEncoder(cfg, dtype=torch.float32, seed=2)
     inp = encoder_inputs([(1, 4, 4)], cfg, dtype=torch.float32)
     floor = model(inp.patches, inp.grids, rope="gemm_epilogue_cute_norot")
-    assert [c.rotate for c in configs] == [False] * cfg.layers
-    configs.clear()
+    assert calls == [("cute", "none", None)] * cfg.layers
+    calls.clear()
     model(inp.patches, inp.grids, rope="gemm_epilogue_cute")
-    assert [c.rotate for c in configs] == [True] * cfg.layers
-    from dataclasses import replace
-    assert replace(configs[0], rotate=False) == vit.CuteQKVConfig(rotate=False)  # only the rotation differs
+    assert calls == [("cute", "rope", None)] * cfg.layers  # only the epilogue differs
     # with the projection alone (no rotation), the floor is the encoder with RoPE skipped
     assert torch.allclose(floor, model(inp.patches, inp.grids, rope="none"), atol=1e-5)

@@ -12,7 +12,7 @@ from rope_kernels import cos_sin_views, native_rope, rope_reference
 from rope_kernels.correctness import make_inputs
 from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vision_rope_frequencies
 from rope_kernels.kernels.fused import RowsConfig, fused_qk_rope, rows_launch_config
-from rope_kernels.kernels.fused_candidates import (TilesConfig, fused_qk_rope_angles,
+from rope_kernels.bench.fused_candidates import (TilesConfig, fused_qk_rope_angles,
                                                    fused_qk_rope_persistent, fused_qk_rope_tiles,
                                                    persistent_grid)
 
@@ -188,7 +188,7 @@ def test_sweep_times_the_candidates_beside_the_default(tmp_path):
 
 
 def test_candidate_settings_are_checked():
-    from rope_kernels.kernels.fused_candidates import FusedCandidate, fused_candidates
+    from rope_kernels.bench.fused_candidates import FusedCandidate, fused_candidates
 
     cfg = TilesConfig(1, 16, 4)
     with pytest.raises(ValueError, match="strategy"):
@@ -371,7 +371,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 from rope_kernels.bench.compile_matrix import (KernelEntry, TARGETS, _packed_qk,
                                                compile_for_target, recorded_launch)
-from rope_kernels.kernels.fused_candidates import fused_candidates
+from rope_kernels.bench.fused_candidates import fused_candidates
 from rope_kernels.kernels.reference import cos_sin_views
 
 sm90 = next(t for t in TARGETS if t.label == "sm_90")
@@ -388,7 +388,7 @@ for heads, head_dim in ((16, 72), (2, 72), (4, 80), (3, 128)):
             _c(q, k, *cos_sin_views(f))
         where = (("rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel")
                  if cand.strategy == "rows"
-                 else ("rope_kernels.kernels.fused_candidates", "_fused_qk_rope_tiles_kernel"))
+                 else ("rope_kernels.bench.fused_candidates", "_fused_qk_rope_tiles_kernel"))
         kernel, args, kwargs = recorded_launch(KernelEntry("c", *where, launch), 4099, heads,
                                                head_dim, "bfloat16")
         row = compile_for_target(kernel, args, kwargs, sm90)

@@ -199,7 +199,7 @@ def test_cuda_peer_replays_in_a_cuda_graph(name):
 def test_fused_candidates_match_float64_at_size(shape, inplace):
     from rope_kernels.kernels.freqs import (vision_freqs_cis, vision_patch_coords,
                                             vision_rope_frequencies)
-    from rope_kernels.kernels.fused_candidates import (fused_qk_rope_angles,
+    from rope_kernels.bench.fused_candidates import (fused_qk_rope_angles,
                                                        fused_qk_rope_persistent, sweep_grid)
 
     tokens, heads, head_dim = shape
@@ -218,7 +218,7 @@ def test_fused_candidates_match_float64_at_size(shape, inplace):
     q, k = fused_qk_rope_angles(xq.clone(), xk.clone(), coords, freqs, inplace=inplace)
     assert _err((q, k), ref) <= 2 * _err(nat, ref) + 1e-6, "angles"
     # every rows / cache-hint / tiles candidate the sweep times, at the study's sizes
-    from rope_kernels.kernels.fused_candidates import fused_candidates
+    from rope_kernels.bench.fused_candidates import fused_candidates
 
     for cand in fused_candidates(heads, head_dim, xq.element_size()):
         if cand.strategy in ("rows", "tiles"):

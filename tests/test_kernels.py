@@ -13,7 +13,7 @@ from rope_kernels.correctness import (LOWP_FLOOR, LOWP_RATIO, check_variant, mak
                                       max_abs_error)
 from rope_kernels.kernels.fused import (DEFAULT_TRITON_KERNEL, RowsConfig, fused_grid,
                                         fused_launch_config, head_dim_chunks, vector_width)
-from rope_kernels.kernels.fused_candidates import tiles_launch_config
+from rope_kernels.bench.fused_candidates import tiles_launch_config
 from rope_kernels.bench.launches import count_launches
 from rope_kernels.vocabulary import KNOWN_VARIANTS
 

@@ -93,13 +93,18 @@ def _cpu_args(tokens=10, hidden=64):
     ({"config": "str"}, TypeError, "CuteQKVConfig"),
     ({"heads": 3}, ValueError, "heads"),
     ({"out": "aliases x"}, ValueError, "shares memory with x"),
-    ({"out": "wrong shape"}, ValueError, "out must be"),
+    ({"out": "wrong shape"}, ValueError, "out must have shape"),
+    ({"heads": 2.0}, TypeError, "heads must be an int"),
+    ({"has_bias": "no"}, TypeError, "has_bias must be a bool"),
+    ({"x": "requires grad"}, ValueError, "does not support autograd, but x requires grad"),
 ])
 def test_launcher_rejects_bad_input(change, error, match):
     x, w, table, coords = _cpu_args()
     kw = {"heads": HEADS, "head_dim": HEAD_DIM}
-    if change.get("x"):
+    if change.get("x") == "float32":
         x = x.float()
+    if change.get("x") == "requires grad":
+        x = x.clone().requires_grad_()
     if change.get("coords"):
         coords = coords.long()
     if change.get("table"):
@@ -108,8 +113,10 @@ def test_launcher_rejects_bad_input(change, error, match):
         w = torch.randn(w.shape[0], w.shape[1] + 8, dtype=w.dtype)
     if change.get("config"):
         kw["config"] = "192x2"
-    if change.get("heads"):
+    if "heads" in change:
         kw["heads"] = change["heads"]
+    if "has_bias" in change:
+        kw["has_bias"] = change["has_bias"]
     if change.get("out") == "aliases x":
         big = torch.empty(x.shape[0] * 3 * HEADS * HEAD_DIM, dtype=x.dtype)
         x = big[: x.numel()].view(x.shape).copy_(x)
@@ -164,13 +171,16 @@ def _on_hopper() -> bool:
                          ids=lambda c: f"{c.tile_n}x{c.cluster_m}{'' if c.rotate else '-norot'}")
 def test_matches_float64_on_gpu(tokens, bias, cfg):
     from rope_kernels.bench import qkv_bench as qb
+    from rope_kernels.qkv import qkv_rope, qkv_rope_operands
     hidden, heads, head_dim = 1152, 16, 72
     a = qb.make_args(tokens, hidden, heads, head_dim, "cuda", seed=tokens)
     if not bias:
         a["b"] = torch.zeros_like(a["b"])
     refs = qb.references(a, heads, head_dim)
-    name = "qkv_rope_linear_cute" if cfg.rotate else "qkv_cute_rotation_compiled_out"
-    out = qb.cute_call(name, cfg, heads, head_dim)(a)
+    ops = qkv_rope_operands(a["coords"], heads=heads, head_dim=head_dim, backend="cute")
+    out = qkv_rope(a["x"], a["w"], a["b"], ops, heads=heads, head_dim=head_dim, backend="cute",
+                   epilogue="rope" if cfg.rotate else "none",
+                   config=CuteQKVConfig(**{**cfg.__dict__, "rotate": True}))
     (reference, native), scale = refs[not cfg.rotate], refs[2]
     checked = qb._error(out, reference, native, scale)
     assert checked["matches_float64"], checked
@@ -202,31 +212,63 @@ def test_encoder_refuses_gemm_epilogue_cute_where_absent_saying_why():
         model(inp.patches, inp.grids, rope="gemm_epilogue_cute", attention="sdpa_per_image")
 
 
-def test_rotating_projection_caches_the_table_until_the_weights_change(monkeypatch):
-    """The encoder's per-layer table is built once and rebuilt after an in-place change,
-    also when called under inference mode (as the encoder's forward is)."""
-    calls = []
+def test_table_with_bias_is_rope_pair_table():
+    """The per-call table (cached turns, the bias joined at each call) is rope_pair_table's,
+    for a bf16, fp32 and float64 bias and for none."""
+    freqs = vision_rope_frequencies(HEAD_DIM)
+    turns = qkv_cute.rope_pair_turns(HEADS, HEAD_DIM, freqs)
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        bias = torch.randn(3 * HEADS * HEAD_DIM).to(dtype)
+        assert torch.equal(qkv_cute.pair_table_with_bias(turns, bias),
+                           rope_pair_table(HEADS, HEAD_DIM, freqs, bias))
+    assert torch.equal(qkv_cute.pair_table_with_bias(turns, None),
+                       rope_pair_table(HEADS, HEAD_DIM, freqs, None))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        qkv_cute.pair_table_with_bias(turns, torch.zeros(5))
+
+
+BIAS_EDITS = {
+    "bias.data.add_": lambda lin: lin.bias.data.add_(1.0),
+    "bias.data.copy_": lambda lin: lin.bias.data.copy_(torch.arange(lin.bias.numel()) * 0.5),
+    "in place under no_grad": lambda lin: lin.bias.add_(1.0),
+    "a new bias Parameter": lambda lin: setattr(lin, "bias", torch.nn.Parameter(lin.bias + 1.0)),
+}
+
+
+@pytest.mark.parametrize("edit", list(BIAS_EDITS))
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_rotating_projection_sees_every_bias_update(monkeypatch, edit, mode):
+    """The table's bias columns are the module's bias at each call: an edit through .data
+    (no version bump) or any in-place edit under inference mode (no version counter) kept
+    a stale table before (issue 36)."""
+    tables = []
     monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute",
-                        lambda h, w, table, coords, **kw: calls.append(table) or table)
+                        lambda h, w, table, coords, **kw: tables.append(table) or table)
+    guard = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with guard():
+        lin = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
+        coords = torch.zeros(2, 2, dtype=torch.int32)
+        h = torch.randn(2, 8)
+        qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
+        BIAS_EDITS[edit](lin)
+        qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
+        expected = rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), lin.bias)
+    assert not torch.equal(tables[0], tables[1])
+    assert torch.equal(tables[1], expected)
+
+
+def test_rotating_projection_checks_its_arguments(monkeypatch):
+    monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute", lambda *a, **kw: None)
     lin = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
     coords = torch.zeros(2, 2, dtype=torch.int32)
-    h = torch.randn(2, 8)
-    with torch.inference_mode():
-        t1 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
-        t2 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
-    assert t1 is t2
-    expected = rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), lin.bias)
-    assert torch.equal(t1, expected)
-    with torch.no_grad():
-        lin.bias.add_(1.0)
-    t3 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM)
-    assert t3 is not t1 and torch.allclose(t3[:, 2:], t1[:, 2:] + 1.0)
-    t4 = qkv_cute.rotating_qkv_projection_cute(lin, h, coords, HEADS, HEAD_DIM, theta=500.0)
-    assert not torch.equal(t4[:, :2], t3[:, :2])
-    with torch.inference_mode():  # a model made under inference mode: no version counters
-        frozen = torch.nn.Linear(8, 3 * HEADS * HEAD_DIM)
-        f1 = qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM)
-        assert qkv_cute.rotating_qkv_projection_cute(frozen, h, coords, HEADS, HEAD_DIM) is f1
+    with pytest.raises(TypeError, match="heads must be an int"):
+        qkv_cute.rotating_qkv_projection_cute(lin, torch.randn(2, 8), coords, 2.0, HEAD_DIM)
+    with pytest.raises(ValueError, match="theta"):
+        qkv_cute.rotating_qkv_projection_cute(lin, torch.randn(2, 8), coords, HEADS, HEAD_DIM,
+                                              theta=-1.0)
+    with pytest.raises(TypeError, match="linear must be"):
+        qkv_cute.rotating_qkv_projection_cute(lin.weight, torch.randn(2, 8), coords, HEADS,
+                                              HEAD_DIM)
 
 
 def test_quack_best_calls_name_their_configs_or_say_why():
@@ -235,7 +277,7 @@ def test_quack_best_calls_name_their_configs_or_say_why():
     calls, why = qb.quack_best_calls(16, 72)
     ok, reason = quack_gemm.availability()
     if ok:
-        assert [(n, c) for n, c, _ in calls] == list(qb.QUACK_BEST) and why == ""
+        assert [n for n, _, _ in calls] == ["quack_gemm", "quack_gemm_rope"] and why == ""
     else:
         assert calls == [] and why == reason and why
 

@@ -13,11 +13,10 @@ import torch.nn.functional as F
 
 from rope_kernels import native_rope, rope_reference, vision_freqs_cis
 from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
-from rope_kernels.kernels.qkv_gemm import (PermutedQKVWeight, QKVGemmConfig, permute_qkv_weight,
-                                           qkv_gemm_config, qkv_linear_rotation_compiled_out,
-                                           qkv_rope_linear, qkv_rope_linear_angles, qkv_row_order,
-                                           rotating_qkv_projection, tile_layout,
-                                           unpermute_qkv_weight)
+from rope_kernels.kernels.qkv_gemm import (NVIDIA_ANGLES_CONFIG, NVIDIA_TABLE_CONFIG,
+                                           QKVGemmConfig, qkv_gemm_config, qkv_linear_unrotated,
+                                           qkv_rope_linear, qkv_rope_linear_angles,
+                                           rotating_qkv_projection)
 from rope_kernels.correctness import draw_qkv_problem, new_seed
 from rope_kernels.kernels.reference import cos_sin_views
 
@@ -54,165 +53,105 @@ def judge(out, x, w, b, freqs_cis):
     return err, 2 * native + FLOOR * scale
 
 
-def skip_warp_specialized_on_gpu(device: str) -> None:
-    """The warp-specialized kernel hung on an H200 (QKVGemmConfig.warp_specialize):
-    the GPU tier never launches it; the CPU tier runs it under the interpreter."""
-    if device == "cuda":
-        pytest.skip("the warp-specialized QKV kernel hung on an H200 (Triton 3.6); "
-                    "tested under the interpreter and by its sm_90 compile only")
-
-
-@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
-def test_table_matches_float64(use_tma, device):
-    x, w, b, freqs_cis = make_problem(device)
-    config = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
-                              "use_tma": use_tma})
-    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
-    qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
-    assert torch.isfinite(out).all(), "an output element was never written"
-    err, tol = judge(out, x, w, b, freqs_cis)
-    assert err <= tol, (err, tol)
-
-
-def test_padded_tiles_no_bias(device):
-    """A tile layout that pads heads (6 -> 8) and a wider N tile, no bias, fp16."""
-    x, w, _, freqs_cis = make_problem(device, bias=False, dtype=torch.float16)
-    config = QKVGemmConfig(block_m=16, block_n=64, block_k=16, heads_per_tile=8, group_m=2,
-                           num_stages=1, num_warps=4)
-    out = qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis), config=config)
-    err, tol = judge(out, x, w, None, freqs_cis)
-    assert err <= tol, (err, tol)
-
-
-# Both kernels (one program per tile, persistent) and both epilogues (whole tile,
-# two halves of its heads), through TMA descriptors and pointers, with the table
-# and in-kernel angles: every path the GPU can take runs here too.
+# Both kernels (one program per tile, persistent with one or two programs per SM), the
+# epilogue whole and in 2/4/8 parts, through TMA descriptors and pointers, with the table
+# (as freqs_cis's interleaved views and as separate tensors) and in-kernel angles: every
+# path the GPU can take runs here too. 3 x 2 x 72 = 432 columns: tiles of 64 cross head
+# and q/k/v boundaries, and the last tile is three quarters padding.
 KERNEL_PATHS = {
     "per_tile": dict(persistent=False),
-    "persistent": dict(persistent=True),
-    "subtile": dict(persistent=False, epilogue_subtile=True),
-    "persistent+subtile+pointers": dict(persistent=True, epilogue_subtile=True, use_tma=False),
-    "persistent+tma": dict(persistent=True, use_tma=True),
-    # the warp-specialized kernel: even/odd members in two accumulators, pointer stores
-    # (interpreter only: it hung on an H200)
-    "persistent+ws": dict(persistent=True, warp_specialize=True, num_warps=4),
+    "per_tile+pointers": dict(persistent=False, use_tma=False),
+    "per_tile+parts2+tma": dict(persistent=False, epilogue_parts=2, use_tma=True),
+    "persistent+parts8+pointers": dict(persistent=True, epilogue_parts=8, use_tma=False),
+    "persistent+x2+parts4+tma": dict(persistent=True, programs_per_sm=2, epilogue_parts=4,
+                                     use_tma=True),
 }
 
 
-@pytest.mark.parametrize("path", list(KERNEL_PATHS))
-@pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
-def test_every_kernel_path_matches_float64(path, angles, device):
-    x, w, b, freqs_cis = make_problem(device)
+def _config(device, **changes):
     base = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
-    config = QKVGemmConfig(**{**base.__dict__, "group_m": 2, **KERNEL_PATHS[path]})
-    if config.warp_specialize:
-        skip_warp_specialized_on_gpu(device)
-    if config.use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
-    if angles:
+    return QKVGemmConfig(**{**base.__dict__, "group_m": 2, **changes})
+
+
+def _run(call, config, x, w, b, freqs_cis, device):
+    out = torch.full((x.shape[0], 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
+    if call == "angles":
         qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
                                vision_rope_frequencies(HEAD_DIM, device=device),
                                config=config, out=out)
+    elif call == "separate":
+        cos, sin = (t.contiguous() for t in cos_sin_views(freqs_cis))
+        qkv_rope_linear(x, w, b, cos, sin, config=config, out=out)
     else:
         qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
     assert torch.isfinite(out).all(), "an output element was never written"
-    err, tol = judge(out, x, w, b, freqs_cis)
-    assert err <= tol, (path, err, tol)
+    return out
 
 
-KERNELS = {"per_tile": dict(persistent=False), "persistent": dict(persistent=True),
-           "ws": dict(persistent=True, warp_specialize=True, num_warps=4)}
-
-
-@pytest.mark.parametrize("kernel", list(KERNELS))
-def test_rotation_compiled_out_is_the_plain_projection(kernel, device):
-    """The benchmarks' entry: the same kernel without rotation = x @ W^T + b, q/k unrotated."""
-    if KERNELS[kernel].get("warp_specialize"):
-        skip_warp_specialized_on_gpu(device)
+@pytest.mark.parametrize("path", list(KERNEL_PATHS))
+@pytest.mark.parametrize("call", ["table", "separate", "angles"])
+def test_every_kernel_path_matches_float64(path, call, device):
+    config = _config(device, **KERNEL_PATHS[path])
+    if config.use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0")
     x, w, b, freqs_cis = make_problem(device)
-    cos, sin = cos_sin_views(freqs_cis)
-    config = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
-                              **KERNELS[kernel]})
-    out = qkv_linear_rotation_compiled_out(x, w, b, cos, sin, config=config)
+    err, tol = judge(_run(call, config, x, w, b, freqs_cis, device), x, w, b, freqs_cis)
+    assert err <= tol, (path, call, err, tol)
+
+
+def test_no_bias_fp16_and_whole_tiles(device):
+    """fp16 without bias, and a tile width that divides the row (432 = 27 x 16)."""
+    x, w, _, freqs_cis = make_problem(device, bias=False, dtype=torch.float16)
+    for block_n in (16, 64):
+        config = QKVGemmConfig(block_m=16, block_n=block_n, block_k=16, group_m=2, num_stages=1)
+        out = qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis), config=config)
+        err, tol = judge(out, x, w, None, freqs_cis)
+        assert err <= tol, (block_n, err, tol)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["per_tile", "persistent"])
+def test_unrotated_epilogue_is_the_plain_projection(persistent, device):
+    """The ``_no_rotation`` epilogue (benchmarks): the same kernel = x @ W^T + b."""
+    x, w, b, freqs_cis = make_problem(device)
+    config = _config(device, persistent=persistent)
+    out = qkv_linear_unrotated(x, w, b, heads=HEADS, head_dim=HEAD_DIM, config=config)
     ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
     lin_err = (F.linear(x, w, b).double().view_as(ref) - ref).abs().max().item()
     assert (out.double() - ref).abs().max().item() <= 2 * lin_err + FLOOR * ref.abs().max().item()
-    rotated = qkv_rope_linear(x, w, b, cos, sin, config=config)
+    rotated = qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config)
     assert torch.equal(rotated[:, 2], out[:, 2]), "v is never rotated"
     assert not torch.equal(rotated[:, :2], out[:, :2])
 
 
-def test_config_labels_and_subtile_needs_two_heads():
-    # the defaults: the H200 sweep's best (qkv_gemm_sweep.csv at 2e381e165ba8),
-    # persistent with the subtiled epilogue
-    assert QKVGemmConfig().label == "128x256x64x16/3/8/8/persistent/subtile"
-    assert QKVGemmConfig(persistent=False, epilogue_subtile=False).label == "128x256x64x16/3/8/8"
-    assert QKVGemmConfig(persistent=True, epilogue_subtile=True, use_tma=False).label == \
-        "128x256x64x16/3/8/8/persistent/subtile/pointers"
-    with pytest.raises(ValueError, match="heads_per_tile >= 2"):
-        QKVGemmConfig(block_n=16, heads_per_tile=1, epilogue_subtile=True)
-    with pytest.raises(TypeError, match="epilogue_subtile must be a bool"):
-        QKVGemmConfig(epilogue_subtile=1)
-    ws = QKVGemmConfig(block_n=128, num_warps=4, persistent=True, warp_specialize=True,
-                       epilogue_subtile=False)
-    assert ws.label == "128x128x64x16/3/4/8/persistent/ws"
-    assert ws.kernel_name == "_qkv_rope_kernel_ws"
-    assert QKVGemmConfig().kernel_name == "_qkv_rope_kernel_persistent"
-    assert QKVGemmConfig(persistent=False).kernel_name == "_qkv_rope_kernel"
-    # the warp-specialized kernel is persistent, 4 warps (its warp groups), TMA, one epilogue
-    for bad, needs in ((dict(persistent=False), "persistent=True"),
-                       (dict(num_warps=8), "num_warps=4"),
-                       (dict(use_tma=False), "use_tma None or True"),
-                       (dict(epilogue_subtile=True), "epilogue_subtile=False")):
-        with pytest.raises(ValueError, match=f"warp_specialize .* needs {needs}"):
-            QKVGemmConfig(**{**ws.__dict__, **bad})
-    with pytest.raises(TypeError, match="warp_specialize must be a bool"):
-        QKVGemmConfig(**{**ws.__dict__, "warp_specialize": 1})
-    # the candidates notebook 05_qkv_gemm sweeps take each shape's layout
-    from rope_kernels.kernels.qkv_gemm import (NVIDIA_QKV_CONFIG, QKV_CANDIDATE_CONFIGS,
-                                               QKV_SWEEP_CONFIGS, QKV_WARP_SPECIALIZED_CONFIGS,
-                                               with_layout)
-
-    assert QKV_CANDIDATE_CONFIGS[0] == QKVGemmConfig()
-    # the NVIDIA pick and the one before it (128x256 flat) are re-timed in every run;
-    # the heads x pairs layout's former defaults stay in the sweep
-    assert NVIDIA_QKV_CONFIG in QKV_CANDIDATE_CONFIGS
-    assert QKVGemmConfig(heads_per_tile=1, flat_pairs=True) in QKV_CANDIDATE_CONFIGS
-    assert QKVGemmConfig(persistent=False, epilogue_subtile=False) in QKV_SWEEP_CONFIGS
-    assert QKVGemmConfig(epilogue_subtile=False) in QKV_SWEEP_CONFIGS
-    assert set(QKV_CANDIDATE_CONFIGS) <= set(QKV_SWEEP_CONFIGS)
-    # every GPU run re-times each candidate at three token counts (compiles included):
-    # at most five, no repeats
-    assert len(QKV_CANDIDATE_CONFIGS) <= 5
-    assert len(set(QKV_CANDIDATE_CONFIGS)) == len(QKV_CANDIDATE_CONFIGS)
-    assert len(set(QKV_SWEEP_CONFIGS)) == len(QKV_SWEEP_CONFIGS)
-    # no timed list holds a warp-specialized config (it hung on an H200: a hang in
-    # notebook 05 loses the GPU run); they are compiled only
-    timed = QKV_CANDIDATE_CONFIGS + QKV_SWEEP_CONFIGS
-    assert not [c.label for c in timed if c.warp_specialize]
-    assert QKV_WARP_SPECIALIZED_CONFIGS and all(c.warp_specialize
-                                                for c in QKV_WARP_SPECIALIZED_CONFIGS)
-    for config in QKV_CANDIDATE_CONFIGS:
-        fitted = with_layout(config, 2, 72)
-        assert fitted.block_m == config.block_m and fitted.persistent == config.persistent
-
-
-def test_padded_pairs(device):
-    """A tile layout that pads each head's 36 pairs to 40 (8 pairs a tile, as the
-    128x256 candidate does at Kimi's shape), through TMA and pointers."""
-    x, w, b, freqs_cis = make_problem(device)
-    for use_tma in (True, False):
-        config = QKVGemmConfig(block_m=16, block_n=32, block_k=16, heads_per_tile=2, group_m=2,
-                               num_stages=1, num_warps=4, use_tma=use_tma)
-        assert config.pairs_per_tile == 8
-        out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
-        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
-        assert torch.isfinite(out).all(), "an output element was never written"
-        err, tol = judge(out, x, w, b, freqs_cis)
-        assert err <= tol, (use_tma, err, tol)
+def test_config_labels_defaults_and_checks():
+    # the labels of the committed rows (data/nvidia-h200/qkv_gemm_sweep.csv)
+    assert NVIDIA_TABLE_CONFIG.label == "128x128x64x1/3/4/8/flat"
+    assert NVIDIA_ANGLES_CONFIG.label == "128x128x64x1/3/4/16/persistent/x2/subtile/flat"
+    assert QKVGemmConfig(persistent=True, programs_per_sm=2, epilogue_parts=4).label == \
+        "128x128x64x1/3/4/8/persistent/x2/subtile4/flat"
+    assert QKVGemmConfig(use_tma=False).label.endswith("/flat/pointers")
+    assert NVIDIA_TABLE_CONFIG.kernel_name == "_qkv_rope_kernel"
+    assert NVIDIA_ANGLES_CONFIG.kernel_name == "_qkv_rope_kernel_persistent"
+    cuda = torch.device("cuda")
+    for heads in (16, 2):  # one default per path, whatever the heads
+        assert qkv_gemm_config(heads, 72, cuda) == NVIDIA_TABLE_CONFIG
+        assert qkv_gemm_config(heads, 72, cuda, angles=True) == NVIDIA_ANGLES_CONFIG
+    # AMD: 2 stages, so the operand buffers fit 64 KB of LDS; one program per tile
+    amd = qkv_gemm_config(16, 72, cuda, amd=True)
+    assert amd.num_stages == 2 and not amd.persistent
+    assert 2 * amd.num_stages * (amd.block_m + amd.block_n) * amd.block_k <= 64 * 1024
+    for bad, error, match in ((dict(programs_per_sm=0), ValueError, "programs_per_sm"),
+                              (dict(programs_per_sm=2), ValueError, "persistent grid"),
+                              (dict(epilogue_parts=3), ValueError, "power of two"),
+                              (dict(epilogue_parts=16), ValueError, "epilogue_parts"),
+                              (dict(block_m=96), ValueError, "power of two"),
+                              (dict(block_k=8), ValueError, "at least 16"),
+                              (dict(persistent=1), TypeError, "persistent must be a bool"),
+                              (dict(use_tma=1), TypeError, "use_tma")):
+        with pytest.raises(error, match=match):
+            QKVGemmConfig(**bad)
+    with pytest.raises(TypeError, match="heads must be an int"):
+        qkv_gemm_config(2.0, 72, cuda)
 
 
 def test_wrong_rotation_is_caught(device):
@@ -220,20 +159,6 @@ def test_wrong_rotation_is_caught(device):
     x, w, b, freqs_cis = make_problem(device)
     cos, sin = cos_sin_views(freqs_cis)
     out = qkv_rope_linear(x, w, b, cos, -sin)
-    err, tol = judge(out, x, w, b, freqs_cis)
-    assert err > 10 * tol
-
-
-def test_wrong_permutation_is_caught(device):
-    """Two rows of the permuted weight swapped (a wrong layout) must fail the check."""
-    x, w, b, freqs_cis = make_problem(device)
-    config = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
-    good = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=config.block_n,
-                              heads_per_tile=config.heads_per_tile)
-    weight = good.weight.clone()
-    weight[[0, config.block_n // 2]] = weight[[config.block_n // 2, 0]]  # an even/odd swap
-    bad = PermutedQKVWeight(weight, good.bias, HEADS, HEAD_DIM, good.block_n, good.heads_per_tile)
-    out = qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, permuted=bad)
     err, tol = judge(out, x, w, b, freqs_cis)
     assert err > 10 * tol
 
@@ -267,65 +192,6 @@ def test_patch_coords_rebuild_the_table():
                        vision_freqs_cis(grids, HEAD_DIM))
 
 
-@pytest.mark.parametrize("layout", [(128, 16), (64, 8), (64, 16), (32, 2), (16, 8)])
-@pytest.mark.parametrize("heads,head_dim", [(16, 72), (2, 72), (3, 16), (1, 8)])
-def test_permutation_is_invertible(layout, heads, head_dim):
-    block_n, hpt = layout
-    w = torch.randn(3 * heads * head_dim, 8).bfloat16()
-    b = torch.randn(3 * heads * head_dim).bfloat16()
-    order = qkv_row_order(heads, head_dim, block_n, hpt)
-    kept = order[order >= 0]
-    assert torch.equal(kept.sort().values, torch.arange(3 * heads * head_dim)), \
-        "every row of W must appear exactly once"
-    permuted = permute_qkv_weight(w, b, heads, head_dim, block_n=block_n, heads_per_tile=hpt)
-    assert permuted.weight.shape[0] % block_n == 0
-    assert (permuted.weight[order < 0] == 0).all() and (permuted.bias[order < 0] == 0).all()
-    w_back, b_back = unpermute_qkv_weight(permuted)
-    assert torch.equal(w_back, w) and torch.equal(b_back, b.float())
-
-
-def test_permuted_tile_holds_pair_members():
-    """Row r of a Kimi tile is member r // 64 of pair r % 4 of head (r // 4) % 16."""
-    order = qkv_row_order(16, 72, 128, 16)
-    assert order.numel() == 3 * 16 * 72  # Kimi's layout needs no padding
-    tile = 9 + 2  # head block 1 (heads 16..31: k), pair block 2 (pairs 8..11)
-    rows = order[tile * 128:(tile + 1) * 128]
-    r = torch.arange(128)
-    head = 16 + (r // 4) % 16
-    pair = 8 + r % 4
-    assert torch.equal(rows, head * 72 + 2 * pair + r // 64)
-
-
-def test_tile_layout_heuristic():
-    assert tile_layout(16, 72) == (128, 16)  # Kimi: 27 tiles of 16 heads x 4 pairs
-    assert tile_layout(12, 128) == (128, 4)  # 36 heads: 4 | 36, 16 pairs | 64
-    assert tile_layout(16, 72, widths=(256,)) == (256, 16)  # 36 pairs padded to 40
-    cuda = torch.device("cuda")
-    # NVIDIA, any heads: the measured best at Kimi's TP 1, the flat layout (128
-    # consecutive columns a tile) on one warp group, persistent, two programs per SM
-    for heads in (16, 2):
-        config = qkv_gemm_config(heads, 72, cuda)
-        assert config == QKVGemmConfig(block_n=128, heads_per_tile=1, flat_pairs=True,
-                                       num_warps=4, group_m=16, programs_per_sm=2)
-        assert (config.block_m, config.block_n, config.block_k, config.num_stages) \
-            == (128, 128, 64, 3)
-        assert config.persistent and config.epilogue_subtile and not config.warp_specialize
-        assert config.programs_per_sm == 2 and config.epilogue_parts == 8
-    for bad, match in ((dict(programs_per_sm=0), "programs_per_sm"),
-                       (dict(programs_per_sm=2, persistent=False), "persistent grid"),
-                       (dict(epilogue_parts=3, heads_per_tile=1, flat_pairs=True),
-                        "epilogue_parts"),
-                       (dict(epilogue_parts=4), "flat layout's subtiled")):
-        with pytest.raises(ValueError, match=match):
-            QKVGemmConfig(**bad)
-        assert config.kernel_name == "_qkv_rope_kernel_persistent"
-    # AMD: 128-wide tiles and 2 stages, so the operand buffers fit 64 KB of LDS
-    config = qkv_gemm_config(16, 72, cuda, amd=True)
-    assert (config.block_n, config.heads_per_tile, config.num_stages) == (128, 16, 2)
-    assert not config.persistent  # the persistent grid was measured on an H200 only
-    assert 2 * config.num_stages * (config.block_m + config.block_n) * config.block_k <= 64 * 1024
-
-
 def _update_weights(update, w, b):
     """Change W or b the way a caller might; returns the (w, b) to judge against."""
     if update == "w.data.mul_":
@@ -355,11 +221,12 @@ def test_no_stale_result_after_a_weight_update(update, device):
 
 
 def _linear_of(w, b, device):
+    """An inference model's Linear (parameters that do not require grad) holding w, b."""
     linear = torch.nn.Linear(w.shape[1], w.shape[0]).to(device=device, dtype=w.dtype)
     with torch.no_grad():
         linear.weight.copy_(w)
         linear.bias.copy_(b)
-    return linear
+    return linear.requires_grad_(w.requires_grad)
 
 
 def _same_version_parameter(weight):
@@ -390,19 +257,79 @@ def test_rotating_projection_follows_the_module(update, device):
     assert err <= tol, (err, tol)
     LINEAR_UPDATES[update](linear)
     w2, b2 = linear.weight.detach().clone(), linear.bias.detach().clone()
-    err, tol = judge(rotating_qkv_projection(linear, x, cos, sin, HEADS), x, w2, b2, freqs_cis)
+    with torch.no_grad():  # a new Parameter requires grad
+        out = rotating_qkv_projection(linear, x, cos, sin, HEADS)
+    err, tol = judge(out, x, w2, b2, freqs_cis)
     assert err <= tol, (update, err, tol)
 
 
-def test_rotating_projection_takes_a_permuted_weight(device):
-    x, w, b, freqs_cis = make_problem(device)
+def test_rotating_projection_refuses_heads_the_weight_does_not_have(device):
+    """heads=7 on a 2-head weight was computed as 2 heads and returned (issue 36): refused,
+    naming heads; a non-int heads is a TypeError."""
+    x, w, b, freqs_cis = make_problem(device, seed=0)
     cos, sin = cos_sin_views(freqs_cis)
-    config = qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device))
-    permuted = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=config.block_n,
-                                  heads_per_tile=config.heads_per_tile)
-    out = rotating_qkv_projection(_linear_of(w, b, device), x, cos, sin, HEADS, permuted=permuted)
-    err, tol = judge(out, x, w, b, freqs_cis)
-    assert err <= tol, (err, tol)
+    linear = _linear_of(w, b, device)
+    with pytest.raises(ValueError, match="heads=7 does not match the weight"):
+        rotating_qkv_projection(linear, x, cos, sin, 7)
+    with pytest.raises(ValueError, match="heads=7 does not match the weight"):
+        rotating_qkv_projection(linear, x, cos, sin, 7,
+                                angles=(vision_patch_coords(GRIDS, device=device),
+                                        vision_rope_frequencies(HEAD_DIM, device=device)))
+    with pytest.raises(ValueError, match="heads=1 does not match"):
+        qkv_rope_linear(x, w, b, cos, sin, heads=1)
+    for bad in (2.0, "2", True):
+        with pytest.raises(TypeError, match="heads must be an int"):
+            rotating_qkv_projection(linear, x, cos, sin, bad)
+
+
+AUTOGRAD_CALLS = {
+    "qkv_rope_linear": lambda x, w, b, c, s, co, f: qkv_rope_linear(x, w, b, c, s),
+    "qkv_rope_linear_angles": lambda x, w, b, c, s, co, f: qkv_rope_linear_angles(x, w, b, co, f),
+    "rotating_qkv_projection": lambda x, w, b, c, s, co, f: rotating_qkv_projection(
+        _linear_of(w, b, x.device), x, c, s, HEADS),
+}
+
+
+@pytest.mark.parametrize("call", list(AUTOGRAD_CALLS))
+@pytest.mark.parametrize("needs_grad", ["x", "w"])
+def test_inputs_that_require_grad_are_refused(call, needs_grad):
+    """The kernels record no autograd graph: an input that requires grad gave an output
+    without grad_fn, silently (issue 36). Refused while grad mode is on, naming it; under
+    torch.no_grad() the same call runs."""
+    x, w, b, freqs_cis = make_problem("cpu", seed=0)
+    if needs_grad == "x":
+        x = x.clone().requires_grad_()
+    cos, sin = cos_sin_views(freqs_cis)
+    coords, freqs = vision_patch_coords(GRIDS), vision_rope_frequencies(HEAD_DIM)
+    if needs_grad == "w":  # rotating_qkv_projection: a Linear whose parameters require grad
+        w = w.clone().requires_grad_()
+    with pytest.raises(ValueError, match="does not support autograd.*require"):
+        AUTOGRAD_CALLS[call](x, w, b, cos, sin, coords, freqs)
+    with torch.no_grad():
+        out = AUTOGRAD_CALLS[call](x, w, b, cos, sin, coords, freqs)
+    err, tol = judge(out, x.detach(), w.detach(), b, freqs_cis)
+    assert err <= tol
+
+
+BAD_OUTS = {
+    "not a tensor": (lambda o: o.tolist()[:1], TypeError, "out must be a torch.Tensor"),
+    "shape": (lambda o: o[:, :, :, :-4], ValueError, r"out must have shape \(37, 3, 2, 72\)"),
+    "dtype": (lambda o: o.half(), TypeError, "out must have x's dtype"),
+    "strides": (lambda o: o.transpose(2, 3).contiguous().transpose(2, 3), ValueError,
+                "out must be contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OUTS))
+def test_a_bad_out_is_named_with_what_is_wrong(case):
+    """A bad out= is reported as out (not x or a table) with what is wrong with it."""
+    x, w, b, freqs_cis = make_problem("cpu", seed=0)
+    change, error, match = BAD_OUTS[case]
+    out = change(torch.empty(TOKENS, 3, HEADS, HEAD_DIM, dtype=x.dtype))
+    with pytest.raises(error, match=match):
+        qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), out=out)
+    with pytest.raises(error, match=match):
+        qkv_linear_unrotated(x, w, b, heads=HEADS, head_dim=HEAD_DIM, out=out)
 
 
 def _input_inside_out(out, t):
@@ -454,7 +381,7 @@ def test_rotating_projection_angles_is_the_angles_kernel_and_refuses_a_bad_tuple
     cos, sin = cos_sin_views(freqs_cis)
     out = rotating_qkv_projection(linear, x, cos, sin, HEADS, angles=(coords, freqs))
     direct = qkv_rope_linear_angles(x, w, b, coords, freqs,
-                                    config=qkv_gemm_config(HEADS, HEAD_DIM, x.device))
+                                    config=qkv_gemm_config(HEADS, HEAD_DIM, x.device, angles=True))
     assert torch.equal(out, direct)
     err, tol = judge(out, x, w, b, freqs_cis)
     assert err <= tol, (err, tol)
@@ -473,7 +400,7 @@ BAD_INPUTS = {
     "bias shape": (lambda x, w, b, c, s: (x, w, b[:-1], c, s), ValueError, "b_qkv must have shape"),
     "cos fp64": (lambda x, w, b, c, s: (x, w, b, c.double(), s), TypeError, "cos must be float32"),
     "cos tokens": (lambda x, w, b, c, s: (x, w, b, c[:-1], s[:-1]), ValueError, "cos must have shape"),
-    "sin shape": (lambda x, w, b, c, s: (x, w, b, c, s[:, :-1]), ValueError, "cos and sin differ"),
+    "sin shape": (lambda x, w, b, c, s: (x, w, b, c, s[:, :-1]), ValueError, "sin must have shape"),
     "head_dim": (lambda x, w, b, c, s: (x, w, b, c[:, :-1], s[:, :-1]), ValueError, "head_dim"),
 }
 
@@ -499,52 +426,18 @@ def test_bad_angles_inputs_and_settings():
         qkv_rope_linear_angles(x, w, b, coords, freqs.double())
     with pytest.raises(ValueError, match="head_dim 68"):
         qkv_rope_linear_angles(x, w, b, coords, freqs[:-1])
-    with pytest.raises(ValueError, match="multiple of 4"):
-        permute_qkv_weight(w[:3 * 2 * 70], None, 2, 70)
-    with pytest.raises(ValueError, match="block_n .* heads_per_tile"):
-        QKVGemmConfig(block_n=16, heads_per_tile=16)
-    with pytest.raises(ValueError, match="power of two"):
-        QKVGemmConfig(block_m=96)
     with pytest.raises(TypeError, match="config must be a QKVGemmConfig"):
         qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config={"block_m": 16})
-    permuted = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=4)
-    with pytest.raises(ValueError, match="does not match the config"):
+    with pytest.raises(ValueError, match="TMA store box"):
         qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis),
-                        config=QKVGemmConfig(block_n=64, heads_per_tile=8), permuted=permuted)
-    with pytest.raises(ValueError, match="disagree on whether there is a bias"):
-        qkv_rope_linear(x, w, None, *cos_sin_views(freqs_cis),
-                        config=QKVGemmConfig(block_n=32, heads_per_tile=4), permuted=permuted)
+                        config=QKVGemmConfig(block_n=16, epilogue_parts=8, use_tma=True))
 
 
-def test_warp_specialized_kernel_refuses_what_tma_cannot_load(monkeypatch, device):
-    """The warp-specialized kernel loads x and W only through TMA: a misaligned x, or a
-    device without TMA, is a one-line ValueError, not a silent switch of kernel."""
-    from rope_kernels.kernels import qkv_gemm
-
-    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    x, w, b, freqs_cis = make_problem(device, seed=0)
-    cos, sin = cos_sin_views(freqs_cis)
-    ws = QKVGemmConfig(**{**qkv_gemm_config(HEADS, HEAD_DIM, torch.device(device)).__dict__,
-                          "num_warps": 4, "persistent": True, "warp_specialize": True})
-    wide = torch.zeros(TOKENS, HIDDEN + 8, dtype=x.dtype, device=device)
-    wide[:, 1:HIDDEN + 1] = x
-    misaligned = wide[:, 1:HIDDEN + 1]  # 2 bytes past a 16-byte boundary
-    with pytest.raises(ValueError, match="warp_specialize needs TMA loads"):
-        qkv_rope_linear(misaligned, w, b, cos, sin, config=ws)
-    if device != "cuda":  # never launched on a GPU: it hung on an H200
-        out = qkv_rope_linear(misaligned.contiguous(), w, b, cos, sin, config=ws)
-        err, tol = judge(out, x, w, b, freqs_cis)
-        assert err <= tol, (err, tol)
-    monkeypatch.setattr(qkv_gemm, "tma_supported", lambda device: False)
-    with pytest.raises(ValueError, match="warp_specialize needs TMA loads"):
-        qkv_rope_linear(x, w, b, cos, sin, config=ws)
-
-
-def test_qkv_bench_rows_sweep_correctness_and_roofline():
-    """The benchmark's two tables on a tiny CPU problem (wall clock): every variant
-    a row (QuACK absent with its reason), swept variants at their best config,
-    every timed row checked against float64; and its roofline table."""
+def test_qkv_bench_rows_rounds_correctness_and_roofline():
+    """The benchmark's table on a tiny CPU problem (wall clock): every variant a row
+    (CuTe and QuACK absent with the reason), each at its backend's default config, timed in
+    shuffled rounds over input sets, every timed row checked against float64; and its
+    roofline table."""
     from rope_kernels.bench.qkv_bench import (COLUMNS, QKV_VARIANTS, image_grids, roofline,
                                               run_qkv_bench)
 
@@ -554,9 +447,8 @@ def test_qkv_bench_rows_sweep_correctness_and_roofline():
     for tokens in (37, 2048, 5476 + 75, 87616 + 5475):
         assert grid_tokens(image_grids(tokens)) == tokens
     variants = [v for v in QKV_VARIANTS if v != "compile_max_autotune"]
-    bench = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
-                          samples=1, variants=variants, progress=False)
-    df, sweep = bench.rows, bench.sweep
+    df = run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8, mode="eager",
+                       samples=5, rounds=5, variants=variants, progress=False).rows
     assert list(df.variant) == variants
     assert list(df.columns[:len(COLUMNS)]) == list(COLUMNS)
     timed = df.dropna(subset=["median_us"])
@@ -566,39 +458,74 @@ def test_qkv_bench_rows_sweep_correctness_and_roofline():
     assert (timed.matches_float64 == "True").all(), timed[["variant", "max_abs_err",
                                                           "error_tolerance"]]
     assert (timed.max_abs_err <= timed.error_tolerance).all()
+    # five rounds, one sample each, every variant once per round in a shuffled order
+    assert (timed.rounds == 5).all() and (timed.samples == 5).all()
+    assert (timed.input_sets >= 2).all()
+    positions = [list(map(int, p.split(";"))) for p in timed.round_positions]
+    for r in range(5):
+        assert sorted(p[r] for p in positions) == list(range(len(timed)))
+    assert len({tuple(p) for p in positions}) > 1, "every round in the same order"
+    assert (timed.order_seed == "0/37").all()
+    # each kernel at its fixed config: the backend's default on this device
+    cpu = qkv_gemm_config(2, 8, torch.device("cpu"))
+    main = df.set_index("variant")
+    for name in ("qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out"):
+        assert main.loc[name, "config"] == cpu.label
+    assert main.loc["qkv_gemm_rotation_compiled_out", "reference"] == "x W^T + b"
     assert df.ratio_to_cublas.iloc[0] == 1.0 and df.ratio_to_cublas_fused_rope.iloc[1] == 1.0
     # each row's time over cuBLAS's at the same token count (not x/x: the other rows too)
     base = df.median_us.iloc[0]
     assert timed.ratio_to_cublas.tolist() == pytest.approx((timed.median_us / base).tolist(),
                                                            rel=1e-12)
     assert {"device_name", "git_commit", "torch_version", "tflops", "note"} <= set(df.columns)
-    quack_rows = df[df.variant.str.startswith("quack")]
-    assert quack_rows.median_us.isna().all() and quack_rows.note.str.startswith("absent").all()
-    # the sweep: our two CPU configs; the main row is the faster, and the variants
-    # at our best config carry its label
-    ours = sweep[sweep.variant == "qkv_rope_linear"]
-    assert len(ours) == 2 and ours.config.str.contains("persistent").sum() == 1
-    best = ours.loc[ours.median_us.idxmin()]
-    main = df.set_index("variant")
-    assert main.loc["qkv_rope_linear", "config"] == best.config
-    assert main.loc["qkv_rope_linear", "median_us"] == best.median_us
-    # the angles kernel at its own fastest; the compiled-out kernel at the faster one's
-    angles = sweep[sweep.variant == "qkv_rope_linear_angles"]
-    assert len(angles) == 2
-    best_angles = angles.loc[angles.median_us.idxmin()]
-    assert main.loc["qkv_rope_linear_angles", "config"] == best_angles.config
-    assert main.loc["qkv_rope_linear_angles", "median_us"] == best_angles.median_us
-    faster = min((best, best_angles), key=lambda r: r.median_us)
-    assert main.loc["qkv_gemm_rotation_compiled_out", "config"] == faster.config
-    assert main.loc["qkv_gemm_rotation_compiled_out", "reference"] == "x W^T + b"
+    absent = df[df.variant.str.contains("quack|cute")]
+    assert absent.median_us.isna().all() and absent.note.str.startswith("absent").all()
     roof = roofline(df, peak_tflops=100.0, hbm_gbps=1000.0)
     assert (roof.ceiling_tflops <= 100.0).all() and (roof.fraction_of_ceiling > 0).all()
     with pytest.raises(ValueError, match="unknown variants"):
         run_qkv_bench((37,), device="cpu", variants=("cublas",))
-    with pytest.raises(ValueError, match="include one of"):
-        run_qkv_bench((37,), device="cpu", variants=("qkv_gemm_rotation_compiled_out",))
-    with pytest.raises(ValueError, match="unknown QuACK configs"):
-        run_qkv_bench((37,), device="cpu", quack_configs=("fast",))
+    with pytest.raises(ValueError, match="rounds must be a positive int"):
+        run_qkv_bench((37,), device="cpu", rounds=0)
+
+
+def test_qkv_bench_input_sets_cover_twice_the_l2():
+    """The input sets cover twice the L2 with what one call reads (x, W, b), at every
+    token count (the committed rows had 2 sets: 1.86x the L2 at 21,904 tokens)."""
+    from rope_kernels.bench import qkv_bench
+    from rope_kernels.bench.timing import rotation_count
+
+    h200 = torch.device("cuda")
+    l2 = 60 * 2**20
+    for tokens in (1024, 5476, 21904, 43808, 87616):
+        per_call = qkv_bench.read_bytes(tokens, 1152, 16, 72)
+        assert per_call == 2 * (tokens * 1152 + 3456 * 1152 + 3456)
+        count = max(2, -(-2 * l2 // per_call))
+        assert count * per_call >= 2 * l2
+    import unittest.mock as mock
+    with mock.patch("rope_kernels.bench.timing.l2_cache_bytes", lambda device: l2):
+        assert rotation_count(qkv_bench.read_bytes(21904, 1152, 16, 72), h200) == 3
+
+
+def test_qkv_bench_survives_a_failing_variant(monkeypatch):
+    """A variant that raises is a row saying so; the others are timed."""
+    from rope_kernels.bench import qkv_bench
+
+    def broken(name, heads, head_dim, config=None):
+        def fail(a):
+            raise RuntimeError("out of resources")
+        return fail
+
+    monkeypatch.setattr(qkv_bench, "variant_call", broken)
+    df = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
+                                 mode="eager", samples=2, rounds=2, progress=False,
+                                 variants=("cublas_linear", "qkv_rope_linear")).rows
+    assert df.median_us.iloc[0] > 0
+    assert df.note.iloc[1] == "failed: RuntimeError: out of resources"
+    assert pd_isna(df.median_us.iloc[1])
+
+
+def pd_isna(v) -> bool:
+    return v != v
 
 
 def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
@@ -609,7 +536,7 @@ def test_qkv_bench_catches_a_wrong_variant(monkeypatch):
                         lambda x, w, b, cos, sin, h, d: qkv_bench.F.linear(x, w, b).view(
                             x.shape[0], 3, h, d))  # forgets the rotation
     df = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
-                                 mode="eager", samples=1, progress=False,
+                                 mode="eager", samples=1, rounds=1, progress=False,
                                  variants=("cublas_linear", "cublas_linear+fused_rope")).rows
     assert list(df.matches_float64) == ["True", "False"]
 
@@ -663,10 +590,10 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
     small = qkv_gemm_config(2, 8, torch.device("cpu"))
     raising = QKVGemmConfig(**{**small.__dict__, "group_m": 2})
     wrong = QKVGemmConfig(**{**small.__dict__, "group_m": 4})
-    real_ours = qkv_bench.ours
+    real_call = qkv_bench.variant_call
 
-    def ours(name, config, heads, head_dim):
-        fn = real_ours(name, config, heads, head_dim)
+    def call(name, heads, head_dim, config=None):
+        fn = real_call(name, heads, head_dim, config=config)
         if config == raising:
             def fail(a):
                 raise RuntimeError("out of resources")
@@ -675,7 +602,7 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
             return lambda a: fn(a) * 2
         return fn
 
-    monkeypatch.setattr(qkv_bench, "ours", ours)
+    monkeypatch.setattr(qkv_bench, "variant_call", call)
     lines = []
     df = tool.run_sweep((37,), [raising, wrong, small], device=torch.device("cpu"), hidden=32,
                         heads=2, head_dim=8, samples=1, mode="eager", log=lines.append)
@@ -697,7 +624,7 @@ def test_qkv_sweep_tool_checks_times_and_survives_a_failing_config(monkeypatch):
 
 def test_qkv_sweep_tool_arguments():
     tool = _tool("qkv_sweep")
-    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
+    from rope_kernels.bench.qkv_configs import QKV_SWEEP_CONFIGS
 
     assert tool.pick_configs(None, QKV_SWEEP_CONFIGS) == list(QKV_SWEEP_CONFIGS)
     assert tool.pick_configs("2,0", QKV_SWEEP_CONFIGS) == [QKV_SWEEP_CONFIGS[2],
@@ -713,19 +640,18 @@ def test_qkv_sweep_tool_arguments():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("angles", [False, True], ids=["table", "angles"])
-def test_candidate_configs_match_float64_at_kimi_size(angles):
-    """Every config notebook 05_qkv_gemm and tools/qkv_sweep.py time, compiled, at Kimi's
+def test_sweep_configs_match_float64_at_kimi_size(angles):
+    """Every config tools/qkv_sweep.py times (the defaults among them), compiled, at Kimi's
     projection (1152 -> 3 x 16 x 72) and a token count no tile divides: the GPU paths
-    (TMA, persistent, subtiled, padded pairs) against float64 (GPU only)."""
-    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS, with_layout
+    (TMA, persistent, epilogue parts) against float64 (GPU only)."""
+    from rope_kernels.bench.qkv_configs import QKV_SWEEP_CONFIGS
 
+    assert {NVIDIA_TABLE_CONFIG, NVIDIA_ANGLES_CONFIG} <= set(QKV_SWEEP_CONFIGS)
     grids = [(1, 74, 74), (1, 1, 77)]
     x, w, b, freqs_cis = make_problem("cuda", heads=16, head_dim=72, hidden=1152, grids=grids,
                                       seed=0)
     tokens = x.shape[0]
     for config in QKV_SWEEP_CONFIGS:
-        assert not config.warp_specialize, (config.label, "hung on an H200: never launched")
-        config = with_layout(config, 16, 72)
         out = torch.full((tokens, 3, 16, 72), float("nan"), dtype=x.dtype, device="cuda")
         if angles:
             qkv_rope_linear_angles(x, w, b, vision_patch_coords(grids, device="cuda"),
@@ -754,129 +680,22 @@ def _ptxas_available() -> bool:
 
 @pytest.mark.compile_matrix
 def test_sweep_configs_compile_for_sm90(tmp_path):
-    """Every config tools/qkv_sweep.py times (QKV_CANDIDATE_CONFIGS among them) compiles
-    for sm_90 through TMA as qkv_rope_linear launches it, without spills and within an
-    H200's shared memory: the GPU exploration spends no time on a config that cannot run.
-    The warp-specialized configs too (compiled only, never launched on a GPU)."""
+    """Every config tools/qkv_sweep.py times (the defaults among them) compiles for sm_90
+    through TMA as qkv_rope_linear launches it, without spills and within an H200's shared
+    memory: the GPU exploration spends no time on a config that cannot run."""
     if not _ptxas_available():
         pytest.skip("Triton's ptxas is not available")
     from rope_kernels.bench.compile_matrix import write_compile_matrix
-    from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS,
-                                               QKV_WARP_SPECIALIZED_CONFIGS)
+    from rope_kernels.bench.qkv_configs import QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS
 
     assert set(QKV_CANDIDATE_CONFIGS) <= set(QKV_SWEEP_CONFIGS)
-    compiled = QKV_SWEEP_CONFIGS + QKV_WARP_SPECIALIZED_CONFIGS  # the latter: compiled only
-    table = write_compile_matrix(
-        tmp_path / "qkv_sweep_sm90.csv", targets=["sm_90"], timeout_s=600,
-        entries="rope_kernels.bench.compile_matrix:qkv_sweep_and_warp_specialized_entries")
-    assert sorted(table["kernel"]) == sorted(f"qkv_gemm {c.label}" for c in compiled)
+    table = write_compile_matrix(tmp_path / "qkv_sweep_sm90.csv", targets=["sm_90"],
+                                 timeout_s=600,
+                                 entries="rope_kernels.bench.compile_matrix:qkv_sweep_entries")
+    assert sorted(table["kernel"]) == sorted(f"qkv_gemm {c.label}" for c in QKV_SWEEP_CONFIGS)
     assert (table["target"] == "sm_90").all() and table["compiled"].all()
     too_big = table[(table["shared_bytes"] > SM90_MAX_SHARED_BYTES) | table["spills"]]
     assert too_big.empty, too_big[["kernel", "registers", "spill_bytes", "shared_bytes"]]
-    # warp specialization really happened (Triton drops it silently where it cannot):
-    # a producer warp group beside the two consumer groups of the config's 4 warps
-    warps = dict(zip(table["kernel"], table["num_warps"]))
-    for c in compiled:
-        assert warps[f"qkv_gemm {c.label}"] == c.num_warps * (3 if c.warp_specialize else 1), c
-
-
-# -- the flat-pairs layout ------------------------------------------------------------
-
-
-def test_flat_row_order_is_w_in_its_own_order_padded_to_whole_tiles():
-    """The flat layout keeps W's rows in order (a pair is two adjacent columns) and
-    pads the last tile only (2 heads x 72: 432 rows in 14 tiles of 32, 16 pad rows)."""
-    order = qkv_row_order(HEADS, HEAD_DIM, 32, 1, flat=True)
-    total = 3 * HEADS * HEAD_DIM
-    assert order.numel() == 32 * -(-total // 32)
-    assert order[:total].tolist() == list(range(total))
-    assert (order[total:] == -1).all()
-    x, w, b, _ = make_problem("cpu")
-    p = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=1, flat=True)
-    w2, b2 = unpermute_qkv_weight(p)
-    assert torch.equal(w2, w) and torch.equal(b2, b.float())
-    with pytest.raises(ValueError, match="heads_per_tile=1"):
-        permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=2, flat=True)
-    with pytest.raises(ValueError, match="flat_pairs takes heads_per_tile=1"):
-        QKVGemmConfig(block_n=32, heads_per_tile=2, flat_pairs=True)
-    with pytest.raises(TypeError, match="flat_pairs must be a bool"):
-        QKVGemmConfig(block_n=32, heads_per_tile=1, flat_pairs=1)
-
-
-FLAT_CASES = [(tma, sub, persistent) for tma in (False, True) for sub in (False, True)
-              for persistent in (False, True)]
-
-
-@pytest.mark.parametrize("use_tma,subtile,persistent", FLAT_CASES,
-                         ids=[f"{'tma' if t else 'pointers'}-{'subtile' if s else 'whole'}-"
-                              f"{'persistent' if p else 'tiles'}" for t, s, p in FLAT_CASES])
-def test_flat_pairs_match_float64_table_and_angles(use_tma, subtile, persistent, device):
-    """The flat layout through TMA and pointers, whole and subtiled epilogue, one
-    program per tile and persistent, cos/sin as freqs_cis's interleaved views and as
-    separate tensors: a tile's 32 columns cross head boundaries (72 a head) and q/k/v
-    boundaries; the last tile is half padding."""
-    if use_tma and device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    # subtiled: eighths of the tile, at least 16 bytes (a TMA box) each
-    config = QKVGemmConfig(block_m=16, block_n=64 if subtile else 32, block_k=16,
-                           heads_per_tile=1, group_m=2, num_stages=1, num_warps=4,
-                           persistent=persistent,
-                           epilogue_subtile=subtile, use_tma=use_tma, flat_pairs=True)
-    assert "/flat" in config.label
-    _check_flat(config, device)
-
-
-@pytest.mark.parametrize("parts,programs_per_sm", [(4, 1), (2, 2), (8, 2)])
-def test_flat_epilogue_parts_and_programs_per_sm(parts, programs_per_sm, device):
-    """The subtiled flat epilogue in quarters and halves, and the persistent grid with
-    two programs per SM (the NVIDIA default's): every column written and rotated."""
-    if device == "cuda" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs compute capability 9.0")
-    config = QKVGemmConfig(block_m=16, block_n=64, block_k=16, heads_per_tile=1, group_m=2,
-                           num_stages=1, num_warps=4, persistent=True, epilogue_subtile=True,
-                           use_tma=True, flat_pairs=True, epilogue_parts=parts,
-                           programs_per_sm=programs_per_sm)
-    assert config.store_columns == 64 // parts
-    assert ("/x2/" in config.label) == (programs_per_sm == 2)
-    assert ("subtile/" in config.label) == (parts == 8)
-    _check_flat(config, device)
-
-
-def test_flat_whole_tiles_use_w_itself(device):
-    """The flat layout whose tiles need no zero rows (432 rows = 27 tiles of 16, as
-    Kimi's 3456 = 27 x 128) is W's own order: the permuted weight is W (no copy),
-    padded tiles get a copy, and the kernel's output matches float64 either way."""
-    x, w, b, _ = make_problem(device)
-    whole = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=16, heads_per_tile=1, flat=True)
-    assert whole.weight.data_ptr() == w.data_ptr() and whole.weight.shape == w.shape
-    padded = permute_qkv_weight(w, b, HEADS, HEAD_DIM, block_n=32, heads_per_tile=1, flat=True)
-    assert padded.weight.data_ptr() != w.data_ptr() and padded.weight.shape[0] == 448
-    for b_n in (16, 32):
-        _check_flat(QKVGemmConfig(block_m=16, block_n=b_n, block_k=16, heads_per_tile=1,
-                                  group_m=2, num_stages=1, num_warps=4, persistent=False,
-                                  epilogue_subtile=False, flat_pairs=True), device)
-
-
-def _check_flat(config, device):
-    x, w, b, freqs_cis = make_problem(device)
-    for call in ("table", "separate", "angles"):
-        out = torch.full((TOKENS, 3, HEADS, HEAD_DIM), float("nan"), dtype=x.dtype, device=device)
-        if call == "table":
-            qkv_rope_linear(x, w, b, *cos_sin_views(freqs_cis), config=config, out=out)
-        elif call == "separate":
-            cos, sin = (t.contiguous() for t in cos_sin_views(freqs_cis))
-            qkv_rope_linear(x, w, b, cos, sin, config=config, out=out)
-        else:
-            qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
-                                   vision_rope_frequencies(HEAD_DIM, device=device),
-                                   config=config, out=out)
-        assert torch.isfinite(out).all(), (call, "an output element was never written")
-        err, tol = judge(out, x, w, b, freqs_cis)
-        assert err <= tol, (call, err, tol)
-    # the rotation compiled out: exactly the linear layer (v, q and k unrotated)
-    out = qkv_linear_rotation_compiled_out(x, w, b, *cos_sin_views(freqs_cis), config=config)
-    ref = (x.double() @ w.double().T + b.double()).view(TOKENS, 3, HEADS, HEAD_DIM)
-    assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
 
 
 def test_cos_sin_vector_divides_strides_base_and_counts():

@@ -219,11 +219,12 @@ def test_the_plain_quack_gemm_is_judged_in_the_packed_layout(monkeypatch):
     tokens, heads, head_dim, hidden = 9, 2, 8, 16
     args = qkv_bench.make_args(tokens, hidden, heads, head_dim, "cpu", seed=0)
 
-    def plain(x, w, b, *, config):  # QuACK's contract: x @ w^T + b, (T, N)
+    def plain(x, w, b, *, config, out=None):  # QuACK's contract: x @ w^T + b, (T, N)
         return (x.float() @ w.float().T + b.float()).to(x.dtype)
 
+    monkeypatch.setattr(qkv_bench.quack, "availability", lambda: (True, ""))
     monkeypatch.setattr(qkv_bench.quack, "quack_gemm", plain)
-    out = qkv_bench.quack_call("quack_gemm", "any", heads, head_dim)(args)
+    out = qkv_bench.variant_call("quack_gemm", heads, head_dim)(args)
     refs = qkv_bench.references(args, heads, head_dim)
     (reference, native), scale = refs[1], refs[2]
     assert out.shape == (tokens, 3, heads, head_dim)
@@ -232,14 +233,15 @@ def test_the_plain_quack_gemm_is_judged_in_the_packed_layout(monkeypatch):
 
 def test_quacks_qkv_rows_name_its_package_version_and_source_hash(monkeypatch):
     """Every peer row names the engine's package, version and source hash: QuACK's
-    GEMM rows in qkv_gemm.csv and its sweep too (the 2e381e165ba8 rows had none);
-    our own rows carry no peer columns."""
+    GEMM rows in qkv_gemm.csv (the 2e381e165ba8 rows had none); our own rows carry no
+    peer columns. Each QuACK variant runs at its fixed config, named in the row."""
     from rope_kernels.bench import qkv_bench
 
-    def plain(x, w, b, *, config):
+    def plain(x, w, b, *, config, out=None):
         return (x.float() @ w.float().T + b.float()).to(x.dtype)
 
-    def rope(x, w, b, heads, ops, *, config):
+    def rope(x, w, b, heads, ops, *, config, out=None):
+        assert set(ops) == {"bias"}  # the faked positions/tables are empty; the bias is added
         lin = plain(x, w, b, config=config).view(x.shape[0], 3, heads, -1)
         return lin  # not rotated: this test reads columns, not numbers
 
@@ -247,17 +249,18 @@ def test_quacks_qkv_rows_name_its_package_version_and_source_hash(monkeypatch):
     monkeypatch.setattr(qkv_bench.quack, "source", lambda: ("0.6.5", "f" * 64))
     monkeypatch.setattr(qkv_bench.quack, "quack_gemm", plain)
     monkeypatch.setattr(qkv_bench.quack, "quack_gemm_rope", rope)
-    monkeypatch.setattr(qkv_bench.quack, "kimi_mrope_operands", lambda *a: {})
+    monkeypatch.setattr(qkv_bench.quack, "kimi_mrope_operands", lambda *a: {"bias": None})
     monkeypatch.setattr(qkv_bench.quack, "gemm_config", lambda name, device: (None, name))
-    bench = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
-                                    mode="eager", samples=1, progress=False,
-                                    variants=("cublas_linear", "cublas_linear+fused_rope",
-                                              "quack_gemm", "quack_gemm_rope"))
-    for table in (bench.rows, bench.sweep):
-        quack_rows = table[table.variant.str.startswith("quack")]
-        assert len(quack_rows)
-        assert (quack_rows.peer_package == "quack-kernels").all()
-        assert (quack_rows.peer_version == "0.6.5").all()
-        assert (quack_rows.peer_sha256 == "f" * 64).all()
-    ours = bench.rows[~bench.rows.variant.str.startswith("quack")]
+    rows = qkv_bench.run_qkv_bench((37,), device="cpu", hidden=32, heads=2, head_dim=8,
+                                   mode="eager", samples=1, rounds=1, progress=False,
+                                   variants=("cublas_linear", "cublas_linear+fused_rope",
+                                             "quack_gemm", "quack_gemm_rope")).rows
+    quack_rows = rows[rows.variant.str.startswith("quack")].set_index("variant")
+    assert len(quack_rows) == 2 and (quack_rows.median_us > 0).all()
+    assert (quack_rows.peer_package == "quack-kernels").all()
+    assert (quack_rows.peer_version == "0.6.5").all()
+    assert (quack_rows.peer_sha256 == "f" * 64).all()
+    assert quack_rows.loc["quack_gemm", "config"] == qkv_bench.quack.DEFAULT_PLAIN_CONFIG
+    assert quack_rows.loc["quack_gemm_rope", "config"] == qkv_bench.quack.DEFAULT_ROPE_CONFIG
+    ours = rows[~rows.variant.str.startswith("quack")]
     assert ours.peer_package.isna().all()

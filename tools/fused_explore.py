@@ -5,7 +5,7 @@ Times, per shape (2, 4 and 16 heads x 72 at 21904 and 87616 tokens; --quick: 219
 only, fewer candidates), with the project's own timing (``bench.microbench.bench_shape``:
 bf16, CUDA graphs, inputs rotated past the L2, shuffled rounds, in-place runs on input
 sets of their own): the default ``fused`` and ``fused_inplace``, each candidate of
-``kernels/fused_candidates.py`` (whole-token rows at 1-8 KB tiles, padded rows, the
+``bench/fused_candidates.py`` (whole-token rows at 1-8 KB tiles, padded rows, the
 tiles kernel that was the default before rows, cache hints on rows and on tiles; out of
 place and in place) and the peers from
 the registry, SGLang's Triton ``sglang_vision`` (out of place) and vLLM 0.33's
@@ -45,7 +45,7 @@ from rope_kernels.bench.timing import copy_bandwidth_gbps  # noqa: E402
 from rope_kernels.correctness import check_variant  # noqa: E402
 from rope_kernels.kernels.fused import (ROWS_TILE_BYTES, fused_launch_config,  # noqa: E402
                                         rows_launch_config)
-from rope_kernels.kernels.fused_candidates import (FusedCandidate, TilesConfig,  # noqa: E402
+from rope_kernels.bench.fused_candidates import (FusedCandidate, TilesConfig,  # noqa: E402
                                                    tiles_launch_config)
 from rope_kernels.kernels.reference import cos_sin_views  # noqa: E402
 from rope_kernels.provenance import provenance  # noqa: E402

@@ -1,6 +1,6 @@
 """GPU exploration: SM clock and board power while the QKV GEMM runs back to back.
 
-    python tools/qkv_power.py                      # 87,616 tokens, cuBLAS and NVIDIA_QKV_CONFIG
+    python tools/qkv_power.py                      # 87,616 tokens, cuBLAS and NVIDIA_ANGLES_CONFIG
     python tools/qkv_power.py --configs 2,23 --seconds 2
     python tools/qkv_power.py --quack                # QuACK's GEMMs too
 
@@ -37,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=87616)
     p.add_argument("--configs", default="", help="comma-separated indices into QKV_SWEEP_CONFIGS "
-                   "(default: NVIDIA_QKV_CONFIG)")
+                   "(default: NVIDIA_ANGLES_CONFIG)")
     p.add_argument("--seconds", type=float, default=2.0, help="loop time per variant")
     p.add_argument("--quack", action="store_true",
                    help="QuACK's plain GEMM (its default config) and its RoPE-epilogue GEMM "
@@ -84,18 +84,18 @@ def main(argv=None) -> int:
     import torch
 
     from rope_kernels.bench import qkv_bench as qb
-    from rope_kernels.kernels.qkv_gemm import NVIDIA_QKV_CONFIG, QKV_SWEEP_CONFIGS, with_layout
+    from rope_kernels.bench.qkv_configs import QKV_SWEEP_CONFIGS
+    from rope_kernels.kernels.qkv_gemm import NVIDIA_ANGLES_CONFIG
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from qkv_sweep import pick_configs  # the sweep's own --configs, so an index means the same
 
     try:
         configs = pick_configs(args.configs, QKV_SWEEP_CONFIGS) if args.configs else [
-            NVIDIA_QKV_CONFIG]
+            NVIDIA_ANGLES_CONFIG]
     except ValueError as e:
         print(f"qkv_power: {e}", file=sys.stderr)
         return 2
-    configs = [with_layout(c, HEADS, HEAD_DIM) for c in configs]  # as tools/qkv_sweep.py times them
     if not torch.cuda.is_available():
         print("qkv_power: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     variants = [("cublas_linear", lambda: torch.nn.functional.linear(a["x"], a["w"], a["b"]))]
     for c in configs:
         for name in ("qkv_gemm_rotation_compiled_out", "qkv_rope_linear_angles"):
-            fn = qb.ours(name, c, HEADS, HEAD_DIM)
+            fn = qb.variant_call(name, HEADS, HEAD_DIM, config=c)
             variants.append((f"{name} {c.label}", lambda fn=fn: fn(a)))
     if args.quack:
         calls, why = qb.quack_best_calls(HEADS, HEAD_DIM)
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     try:
         for name, fn in variants:
             for _ in range(3):
-                fn()  # compile, permute, warm
+                fn()  # compile, build operands, warm
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

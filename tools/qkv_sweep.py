@@ -10,17 +10,18 @@ is not specialized on, so more token counts cost little).
 Kimi's projection (1152 -> 3 x 16 x 72, bf16), cold L2, CUDA graphs, timed by the
 project's own ``qkv_bench.measure_variant`` (``timing.time_fn``): cuBLAS
 (``F.linear``), cuBLAS + our fused RoPE in place, and every config of
-``QKV_SWEEP_CONFIGS`` as ``qkv_rope_linear`` (rotation in the epilogue, cos/sin
-from the table), as ``qkv_rope_linear_angles`` (angles computed in-kernel) and as
-``qkv_linear_rotation_compiled_out`` (same kernel and config, rotation compiled
-out: the mainloop's share). Every call's output is checked against float64 once
+``QKV_SWEEP_CONFIGS`` (``rope_kernels/bench/qkv_configs.py``) through ``qkv_rope`` as
+``qkv_rope_linear`` (rotation in the epilogue, cos/sin from the table), as
+``qkv_rope_linear_angles`` (angles computed in-kernel) and as
+``qkv_gemm_rotation_compiled_out`` (same kernel and config, ``epilogue="none"``: the
+mainloop's share). Every call's output is checked against float64 once
 (``matches_float64``); a config that fails prints one line and the sweep goes on.
 Prints a table (config, us, ratio to cuBLAS, ratio to cuBLAS + fused RoPE) and, where
 ``$OUT`` is set (or ``--csv`` given), writes every row to ``qkv_sweep.csv`` there, with
 provenance (set ROPE_STUDY_COMMIT on a node whose copy of the tree has no or other git
 metadata: the H200's copy recorded a stale HEAD, marked -dirty).
-Exploration only: the study's rows come from notebook 05_qkv_gemm. No warp-specialized
-config is timed: one hung on an H200 (see ``QKVGemmConfig.warp_specialize``).
+Exploration only: the study's rows come from notebook 05_qkv_gemm, each kernel at its
+default; a default chosen from a sweep cites the sweep's committed rows.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def run_sweep(tokens, configs, *, device, hidden: int = HIDDEN, heads: int = HEA
         for c in configs:
             for name in ("qkv_rope_linear", "qkv_rope_linear_angles",
                          "qkv_gemm_rotation_compiled_out"):
-                runs.append((name, c.label, qb.ours(name, c, heads, head_dim)))
+                runs.append((name, c.label, qb.variant_call(name, heads, head_dim, config=c)))
         for name, label, fn in runs:
             timing, note, checked, spent = qb.measure_variant(name, fn, arg_sets, refs,
                                                               mode=mode, samples=samples)
@@ -157,8 +158,7 @@ def main(argv=None) -> int:
     import torch
 
     from rope_kernels.atomic_io import write_atomic
-    from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS,
-                                               with_layout)
+    from rope_kernels.bench.qkv_configs import QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS
 
     if not torch.cuda.is_available():
         print("qkv_sweep: needs a CUDA GPU", file=sys.stderr)
@@ -169,7 +169,6 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"qkv_sweep: {e}", file=sys.stderr)
         return 2
-    configs = [with_layout(c, HEADS, HEAD_DIM) for c in configs]
     extra = []
     from rope_kernels.bench import qkv_bench as qb
     if args.quack:
@@ -188,7 +187,7 @@ def main(argv=None) -> int:
         for c in cute_cfgs:
             label = f"cute {c.label}"
             for name in ("qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out"):
-                extra.append((name, label, qb.cute_call(name, c, HEADS, HEAD_DIM)))
+                extra.append((name, label, qb.variant_call(name, HEADS, HEAD_DIM, config=c)))
     tokens = args.tokens or (QUICK_TOKENS if args.quick else TOKENS)
     print(f"{torch.cuda.get_device_name()}; {len(configs)} configs x 2 kernels x "
           f"{len(tokens)} token counts; samples={args.samples}", flush=True)

@@ -104,7 +104,7 @@ def _launch_fused(tokens, heads, head_dim, dtype):
 
 
 def _launch_fused_tiles(tokens, heads, head_dim, dtype):
-    from rope_kernels.kernels.fused_candidates import fused_qk_rope_tiles
+    from rope_kernels.bench.fused_candidates import fused_qk_rope_tiles
     from rope_kernels.kernels.reference import cos_sin_views
 
     q, k, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
@@ -120,10 +120,12 @@ def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
 
 
 def _qkv_gemm_launch(use_tma: bool):
-    """The QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as ``qkv_rope_linear`` launches
-    it with the GPU config ``qkv_gemm_config`` picks: TMA descriptors with the NVIDIA
-    config (what Hopper and newer run), or pointer loads with the AMD config (what
-    MI300X/MI250 run; on the NVIDIA targets, what pre-Hopper GPUs would)."""
+    """The Triton QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as ``qkv_rope_linear``
+    launches it: with TMA at the NVIDIA angles config (the persistent kernel the encoder's
+    ``gemm_epilogue`` runs on Hopper and newer; here with the table's rotation, which
+    compiles for every target: the angles' SFU instructions are PTX), with pointer loads
+    at the AMD config (what MI300X/MI250 run; on the NVIDIA targets, what pre-Hopper GPUs
+    would)."""
     def launch(tokens, heads, head_dim, dtype):
         from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_gemm_config, qkv_rope_linear
 
@@ -133,7 +135,7 @@ def _qkv_gemm_launch(use_tma: bool):
         b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
         _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
         gpu = qkv_gemm_config(heads, head_dim, torch.device("cuda"), x.element_size(),
-                              amd=not use_tma)
+                              angles=use_tma, amd=not use_tma)
         config = QKVGemmConfig(**{**gpu.__dict__, "use_tma": use_tma})
         qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag, config=config)
     return launch
@@ -145,25 +147,24 @@ QKV_GEMM_SHAPES = {72: (16,)}
 
 
 def _qkv_config_launch(config):
-    """``qkv_rope_linear`` at ``config`` (fitted to the shape's layout) through TMA."""
+    """``qkv_rope_linear`` at ``config`` through TMA."""
     def launch(tokens, heads, head_dim, dtype):
-        from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_rope_linear, with_layout
+        from rope_kernels.kernels.qkv_gemm import QKVGemmConfig, qkv_rope_linear
 
         x = torch.empty(tokens, 1152, dtype=dtype, device="meta")
         w = torch.empty(3 * heads * head_dim, 1152, dtype=dtype, device="meta")
         b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
         _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
-        fitted = with_layout(config, heads, head_dim, x.element_size())
         qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag,
-                        config=QKVGemmConfig(**{**fitted.__dict__, "use_tma": True}))
+                        config=QKVGemmConfig(**{**config.__dict__, "use_tma": True}))
     return launch
 
 
 def _qkv_nvidia_default_kernel() -> str:
-    """The kernel ``qkv_rope_linear`` launches with the NVIDIA config at Kimi's shape."""
+    """The kernel the angles path launches with its NVIDIA config."""
     from rope_kernels.kernels.qkv_gemm import qkv_gemm_config
 
-    return qkv_gemm_config(16, 72, torch.device("cuda"), amd=False).kernel_name
+    return qkv_gemm_config(16, 72, torch.device("cuda"), angles=True, amd=False).kernel_name
 
 
 def qkv_config_entries(configs) -> tuple[KernelEntry, ...]:
@@ -181,7 +182,7 @@ KERNELS = (
     KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel",
                 _launch_fused),
     # the tiles candidate (the earlier default, fused_candidates.py) at Kimi's shapes
-    KernelEntry("fused_tiles", "rope_kernels.kernels.fused_candidates",
+    KernelEntry("fused_tiles", "rope_kernels.bench.fused_candidates",
                 "_fused_qk_rope_tiles_kernel", _launch_fused_tiles, dtypes=("bfloat16",),
                 heads_by_head_dim={72: (16, 2)}),
     # The merged path upcasts q and k to fp32 before its rotary kernel: fp32 is the
@@ -191,7 +192,7 @@ KERNELS = (
     KernelEntry("qkv_gemm_pointers", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
                 _qkv_gemm_launch(use_tma=False), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
-    # the NVIDIA default's kernel (persistent since 2026-12-03: _qkv_nvidia_default_kernel)
+    # the NVIDIA angles default's kernel (_qkv_nvidia_default_kernel: persistent)
     KernelEntry("qkv_gemm_tma", "rope_kernels.kernels.qkv_gemm", _qkv_nvidia_default_kernel(),
                 _qkv_gemm_launch(use_tma=True), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
@@ -201,17 +202,9 @@ KERNELS = (
 
 def qkv_sweep_entries() -> tuple[KernelEntry, ...]:
     """``qkv_config_entries`` of ``QKV_SWEEP_CONFIGS`` (what tools/qkv_sweep.py times)."""
-    from rope_kernels.kernels.qkv_gemm import QKV_SWEEP_CONFIGS
+    from rope_kernels.bench.qkv_configs import QKV_SWEEP_CONFIGS
 
     return qkv_config_entries(QKV_SWEEP_CONFIGS)
-
-
-def qkv_sweep_and_warp_specialized_entries() -> tuple[KernelEntry, ...]:
-    """``qkv_sweep_entries`` plus the warp-specialized configs, which are compiled only
-    (``QKV_WARP_SPECIALIZED_CONFIGS``: they hung on an H200), in one compile run."""
-    from rope_kernels.kernels.qkv_gemm import QKV_WARP_SPECIALIZED_CONFIGS
-
-    return qkv_sweep_entries() + qkv_config_entries(QKV_WARP_SPECIALIZED_CONFIGS)
 
 
 class _LaunchRecorder:
@@ -300,8 +293,9 @@ def compile_for_target(kernel, args, kwargs, target: Target) -> dict:
         row["spill_bytes"] = row.pop("spill_store_bytes") + row.pop("spill_load_bytes")
         row["spills"] = row["spill_bytes"] > 0 or (row["scratch_bytes"] or 0) > 0
         row["binary"], row["binary_bytes"] = "cubin", len(compiled.asm["cubin"])
+    # a constexpr may be a jit function (the QKV kernel's ROTATION epilogue): by its name
     row["constexprs"] = json.dumps({k: v for k, v in kwargs.items() if k != "num_warps"},
-                                   sort_keys=True)
+                                   sort_keys=True, default=lambda v: getattr(v, "__name__", repr(v)))
     return row
 
 

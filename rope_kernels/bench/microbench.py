@@ -274,7 +274,7 @@ def fused_config_grid(heads: int, head_dim: int, element_size: int = 2, *,
     heads per program a power of two dividing ``heads`` (the largest three), tokens
     per program so that a tile of q holds ``tile_bytes[0]``..``tile_bytes[1]`` bytes."""
     from rope_kernels.kernels.fused import head_dim_chunks
-    from rope_kernels.kernels.fused_candidates import TilesConfig
+    from rope_kernels.bench.fused_candidates import TilesConfig
 
     main, rest = head_dim_chunks(head_dim)
     block_hs = [h for h in (16, 8, 4, 2, 1) if heads % h == 0][:3]
@@ -297,7 +297,7 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     its items are ``RowsConfig`` (the default's kernel, "rows", out of place),
     ``TilesConfig`` (the tiles candidate, out of place) or ``FusedCandidate``. With
     ``candidates`` every shape also gets the launch candidates of
-    ``kernels.fused_candidates.fused_candidates`` (rows tiles, the tiles kernel,
+    ``bench.fused_candidates.fused_candidates`` (rows tiles, the tiles kernel,
     persistent grid, in-kernel angles, cache hints; some in place).
 
     Rows carry ``strategy``, ``programs_per_sm``, ``in_place``, ``load_eviction_policy``
@@ -310,7 +310,7 @@ def sweep_fused_configs(shapes: Sequence[Shape], configs, dtype: torch.dtype, *,
     every row (a time comparison)."""
     from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
     from rope_kernels.kernels.fused import RowsConfig
-    from rope_kernels.kernels.fused_candidates import (FusedCandidate, TilesConfig,
+    from rope_kernels.bench.fused_candidates import (FusedCandidate, TilesConfig,
                                                        fused_candidates, fused_qk_rope_angles,
                                                        sweep_grid)
     from rope_kernels.kernels.reference import cos_sin_views

@@ -9,33 +9,28 @@ Kimi-K2.5's projection, 1152 -> 3456 (16 heads x 72) in bf16, at 5,476 to
 - ``compile_max_autotune``: ``torch.compile(mode="max-autotune-no-cudagraphs")``
   of ``rope(linear(x))`` (the cudagraph-trees mode cannot be captured inside our
   CUDA-graph timer); can Inductor fuse the rotation into its GEMM?
-- ``qkv_rope_linear``: our Triton GEMM rotating q/k in its epilogue (cos/sin table),
-  at the fastest of ``QKV_CANDIDATE_CONFIGS`` in this same run;
-- ``qkv_rope_linear_angles``: the same with the angles computed in-kernel, at its own
-  fastest candidate of the run;
-- ``qkv_gemm_rotation_compiled_out``: the kernel with the rotation compiled out
-  (benchmarks only; q/k NOT rotated), at the config of the faster of the two above:
-  the mainloop's share;
-- ``qkv_rope_linear_cute``: our CuTe DSL kernel (``kernels/qkv_cute.py``: warp-specialized
-  ping-pong, W multicast over a 2x1 cluster, angles in-kernel), at the fastest of
-  ``CUTE_CONFIGS`` in this run; sm_90 GPUs with nvidia-cutlass-dsl only (elsewhere a row
-  says why it is absent); ``qkv_cute_rotation_compiled_out``: the same kernel and config
-  with the rotation compiled out;
-- ``quack_gemm`` / ``quack_gemm_rope``: QuACK's GEMM with a bias epilogue and with
-  Kimi's RoPE in its epilogue (``peers/quack_gemm.py``), best of its configs;
-  absent with the reason where QuACK is not installed.
+- through ``qkv.qkv_rope`` (``VARIANT_BACKENDS``), each at one fixed, named config (the
+  backend's default, ``config`` in the row): ``qkv_rope_linear`` (our Triton kernel, cos/sin
+  table), ``qkv_rope_linear_angles`` (angles in-kernel), ``qkv_gemm_rotation_compiled_out``
+  (the angles path's kernel and config with ``epilogue="none"``: q/k NOT rotated, the
+  mainloop's share), ``qkv_rope_linear_cute`` and ``qkv_cute_rotation_compiled_out`` (our
+  CuTe DSL kernel; sm_90 GPUs with nvidia-cutlass-dsl only), ``quack_gemm`` and
+  ``quack_gemm_rope`` (QuACK's GEMM with a bias epilogue and with Kimi's RoPE in it,
+  where QuACK runs). A backend that does not run here is a row saying why.
 
-Swept variants (ours over its candidate configs, QuACK's over its configs) get a
-row per config in the sweep table (``qkv_gemm_sweep.csv``); the main table
-(``qkv_gemm.csv``) holds one row per variant and token count, the swept ones at
-their fastest config (``config`` says which). Every row: median/p20/p80
-microseconds (``timing.time_fn``), TFLOP/s (2 * T * 1152 * 3456 flops), the ratio
-to ``cublas_linear`` and to ``cublas_linear+fused_rope`` at the same token count,
-and its correctness against float64 on the first input set: ``max_abs_err`` next to
-``native_max_abs_err`` (cuBLAS linear in bf16 then Kimi's native RoPE against the
-same reference), ``error_tolerance`` (twice that, plus a floor) and
-``matches_float64``. Unrotated variants are judged against ``x W^T + b`` (column
-``reference``). ``roofline`` returns what a compute-bound roofline plot needs.
+Timing: per token count, ``input_sets`` input sets (x, W, b each), as many as cover twice
+the L2 with what one call reads (``timing.cold_set_count``), every call reading the next
+set; every variant timed in ``rounds`` rounds of seeded shuffled order
+(``timing.time_rounds``: the rows record each one's positions and the seed), CUDA-graph
+replays, median/p20/p80 over the pooled samples. Configs are not picked from these
+samples: exploring them is ``tools/qkv_sweep.py``'s (``bench/qkv_configs.py``), and the
+defaults cite the committed sweep they rest on. Every row: TFLOP/s (2 * T * 1152 * 3456
+flops), the ratio to ``cublas_linear`` and to ``cublas_linear+fused_rope`` at the same token
+count, and its correctness against float64 on the first input set: ``max_abs_err`` next to
+``native_max_abs_err`` (cuBLAS linear in bf16 then Kimi's native RoPE against the same
+reference), ``error_tolerance`` (twice that, plus a floor) and ``matches_float64``.
+Unrotated variants are judged against ``x W^T + b`` (column ``reference``). ``roofline``
+returns what a compute-bound roofline plot needs.
 """
 
 from __future__ import annotations
@@ -48,32 +43,33 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from rope_kernels.bench.timing import cold_set_count, sample_fn, time_fn, time_rounds
 from rope_kernels.correctness import draw_qkv_problem
-from rope_kernels.bench.timing import time_fn
-from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
-from rope_kernels.kernels.fused import fused_qk_rope
-from rope_kernels.kernels.qkv_gemm import (QKV_CANDIDATE_CONFIGS, QKVGemmConfig,
-                                           permute_qkv_weight, qkv_gemm_config,
-                                           qkv_linear_rotation_compiled_out, qkv_rope_linear,
-                                           qkv_rope_linear_angles, with_layout)
-from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference
 from rope_kernels.kernels import qkv_cute
+from rope_kernels.kernels.freqs import vision_patch_coords
+from rope_kernels.kernels.fused import fused_qk_rope
+from rope_kernels.kernels.qkv_gemm import qkv_gemm_config
+from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference
 from rope_kernels.peers import quack_gemm as quack
 from rope_kernels.provenance import provenance
+from rope_kernels.qkv import qkv_rope, qkv_rope_operands
 
 QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune",
                 "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out",
                 "qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out",
                 "quack_gemm", "quack_gemm_rope")
+# The variants ``qkv_rope`` runs: name -> (backend, epilogue).
+VARIANT_BACKENDS = {
+    "qkv_rope_linear": ("triton_table", "rope"),
+    "qkv_rope_linear_angles": ("triton", "rope"),
+    "qkv_gemm_rotation_compiled_out": ("triton", "none"),
+    "qkv_rope_linear_cute": ("cute", "rope"),
+    "qkv_cute_rotation_compiled_out": ("cute", "none"),
+    "quack_gemm": ("quack", "none"),
+    "quack_gemm_rope": ("quack", "rope"),
+}
 # Variants whose output is x W^T + b, q and k not rotated (judged against that).
-UNROTATED = ("cublas_linear", "qkv_gemm_rotation_compiled_out", "quack_gemm",
-             "qkv_cute_rotation_compiled_out")
-# Variants timed at our best config of the run, our swept kernels (each at its own
-# fastest candidate), and every variant swept over configs.
-AT_OUR_BEST = ("qkv_gemm_rotation_compiled_out",)
-OURS_SWEPT = ("qkv_rope_linear", "qkv_rope_linear_angles")
-CUTE = ("qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out")  # the second at the first's best
-SWEPT = OURS_SWEPT + ("qkv_rope_linear_cute", "quack_gemm", "quack_gemm_rope")
+UNROTATED = ("cublas_linear",) + tuple(n for n, (_, e) in VARIANT_BACKENDS.items() if e == "none")
 TOKENS = (5476, 21904, 43808, 87616)  # 1, 4, 8, 16 images of 1024 x 1024 (74 x 74 patches)
 ERROR_FLOOR = 1e-6  # of the reference's largest magnitude, added to the tolerance
 
@@ -92,11 +88,17 @@ def gemm_flops(tokens: int, hidden: int, heads: int, head_dim: int) -> int:
     return 2 * tokens * hidden * 3 * heads * head_dim
 
 
+def read_bytes(tokens: int, hidden: int, heads: int, head_dim: int, element_size: int = 2) -> int:
+    """What one call reads: x, W and b (the input sets must cover twice the L2 with it)."""
+    n = 3 * heads * head_dim
+    return element_size * (tokens * hidden + n * hidden + n)
+
+
 def make_args(tokens: int, hidden: int, heads: int, head_dim: int, device, *, seed: int,
               dtype=torch.bfloat16) -> dict:
     """x, W, b (random, never zeros), freqs_cis, its cos/sin views, the patch
-    coordinates and Kimi's frequencies; ``permuted`` and ``quack`` are filled in
-    (outside any timing) by the variants that need them."""
+    coordinates; ``operands`` (per ``qkv_rope`` backend) are built by ``prepare`` outside
+    any timing."""
     gen = torch.Generator(device=device).manual_seed(seed)
     grids = image_grids(tokens)
     x, w, b, freqs_cis = draw_qkv_problem(gen, grids, hidden, heads, head_dim, dtype)
@@ -107,9 +109,45 @@ def make_args(tokens: int, hidden: int, heads: int, head_dim: int, device, *, se
         "freqs_cis": freqs_cis,
         "cos_sin": cos_sin_views(freqs_cis),
         "coords": vision_patch_coords(grids, device=device),
-        "freqs": vision_rope_frequencies(head_dim, device=device),
-        "permuted": {},
+        "operands": {},
     }
+
+
+def prepare(a: dict, name: str, heads: int, head_dim: int) -> None:
+    """Build the ``qkv_rope`` operands variant ``name`` reads from arg set ``a`` (once per
+    forward in a model; here once per arg set, before timing)."""
+    if name not in VARIANT_BACKENDS:
+        return
+    backend = VARIANT_BACKENDS[name][0]
+    if backend not in a["operands"]:
+        a["operands"][backend] = qkv_rope_operands(
+            a["coords"], heads=heads, head_dim=head_dim, backend=backend,
+            freqs_cis=a["freqs_cis"] if backend == "triton_table" else None)
+
+
+def variant_call(name: str, heads: int, head_dim: int, config=None):
+    """fn(args) of a ``VARIANT_BACKENDS`` variant through ``qkv_rope`` at ``config`` (None:
+    the backend's default)."""
+    backend, epilogue = VARIANT_BACKENDS[name]
+
+    def call(a):
+        prepare(a, name, heads, head_dim)
+        return qkv_rope(a["x"], a["w"], a["b"], a["operands"][backend], heads=heads,
+                        head_dim=head_dim, backend=backend, epilogue=epilogue, config=config)
+    return call
+
+
+def config_label(name: str, heads: int, head_dim: int, device, config=None) -> str:
+    """The name of the config variant ``name`` runs at (its backend's default for None)."""
+    backend = VARIANT_BACKENDS[name][0]
+    if backend == "quack":
+        default = quack.DEFAULT_ROPE_CONFIG if name == "quack_gemm_rope" else \
+            quack.DEFAULT_PLAIN_CONFIG
+        return quack.gemm_config(config or default, device)[1]
+    if backend == "cute":
+        return (config or qkv_cute.CuteQKVConfig()).label
+    return (config or qkv_gemm_config(heads, head_dim, torch.device(device),
+                                      angles=backend == "triton")).label
 
 
 def linear_then_fused_rope(x, w, b, cos, sin, heads, head_dim):
@@ -125,97 +163,21 @@ def _linear_then_rope(x, w, b, cos, sin, heads, head_dim):
     return q, k, qkv[:, 2]
 
 
-def _permuted(a: dict, config: QKVGemmConfig, heads: int, head_dim: int):
-    """The arg set's weight in ``config``'s layout, built once (as a model would at load)."""
-    layout = (config.block_n, config.heads_per_tile, config.flat_pairs)
-    if layout not in a["permuted"]:
-        a["permuted"][layout] = permute_qkv_weight(a["w"], a["b"], heads, head_dim,
-                                                   block_n=layout[0], heads_per_tile=layout[1],
-                                                   flat=layout[2])
-    return a["permuted"][layout]
-
-
-def ours(name: str, config: QKVGemmConfig, heads: int, head_dim: int):
-    """fn(args) of one of our variants at ``config``, weight permuted beforehand."""
-    def call(a):
-        p = _permuted(a, config, heads, head_dim)
-        if name == "qkv_rope_linear_angles":
-            return qkv_rope_linear_angles(a["x"], a["w"], a["b"], a["coords"], a["freqs"],
-                                          config=config, permuted=p)
-        fn = qkv_rope_linear if name == "qkv_rope_linear" else qkv_linear_rotation_compiled_out
-        return fn(a["x"], a["w"], a["b"], *a["cos_sin"], config=config, permuted=p)
-    return call
-
-
-def quack_call(name: str, config: str, heads: int, head_dim: int):
-    """fn(args) of a QuACK variant at one of its configs (operands built beforehand)."""
-    def call(a):
-        if name == "quack_gemm":  # (T, 3HD) -> the packed (T, 3, H, D) every variant returns
-            out = quack.quack_gemm(a["x"], a["w"], a["b"], config=config)
-            return out.view(a["x"].shape[0], 3, heads, head_dim)
-        if "quack" not in a:
-            a["quack"] = quack.kimi_mrope_operands(heads, head_dim, a["coords"], a["freqs"],
-                                                   a["b"])
-        return quack.quack_gemm_rope(a["x"], a["w"], a["b"], heads, a["quack"], config=config)
-    return call
-
-
-def cute_call(name: str, config, heads: int, head_dim: int):
-    """fn(args) of our CuTe DSL kernel (``qkv_cute``) at ``config`` (a ``CuteQKVConfig``;
-    ``qkv_cute_rotation_compiled_out``: the same config with the rotation compiled out);
-    its per-pair table built once per arg set, outside any timing."""
-    from dataclasses import replace
-
-    if name == "qkv_cute_rotation_compiled_out":
-        config = replace(config, rotate=False)
-
-    def call(a):
-        if "cute_table" not in a:
-            a["cute_table"] = qkv_cute.rope_pair_table(heads, head_dim, a["freqs"], a["b"])
-        return qkv_cute.qkv_rope_linear_cute(a["x"], a["w"], a["cute_table"], a["coords"],
-                                             heads=heads, head_dim=head_dim, config=config)
-    return call
-
-
-# QuACK's plain GEMM at its default config and its RoPE epilogue at its fastest SM90
-# config on Kimi's shape (notebook 05's committed run): what the exploration tools
-# (tools/qkv_sweep.py, tools/qkv_power.py) time beside ours.
-QUACK_BEST = (("quack_gemm", "quack_default"), ("quack_gemm_rope", "128x160_c2x1_pingpong"))
-
-
 def quack_best_calls(heads: int, head_dim: int) -> tuple[list, str]:
-    """([(variant, config, fn(args))] of ``QUACK_BEST``, "") or ([], why QuACK is absent)."""
+    """([(variant, config label, fn(args))] of QuACK's two variants at their defaults, "")
+    or ([], why QuACK is absent): what the exploration tools time beside ours."""
     ok, why = quack.availability()
     if not ok:
         return [], why
-    return [(name, cfg, quack_call(name, cfg, heads, head_dim)) for name, cfg in QUACK_BEST], ""
-
-
-def candidate_configs(heads: int, head_dim: int, device: torch.device,
-                      configs: Sequence[QKVGemmConfig] | None = None) -> list[QKVGemmConfig]:
-    """Our configs to sweep: ``configs`` (GPU default ``QKV_CANDIDATE_CONFIGS``), each
-    with this shape's N-tile layout; on a CPU the interpreter's small config, whole
-    and persistent (the interpreter's time says nothing about a GPU's)."""
-    if configs is None:
-        if device.type == "cpu":
-            small = qkv_gemm_config(heads, head_dim, device)
-            return [small, QKVGemmConfig(**{**small.__dict__, "persistent": True})]
-        configs = QKV_CANDIDATE_CONFIGS
-    unique = []
-    for c in configs:
-        fitted = with_layout(c, heads, head_dim)
-        if fitted not in unique:
-            unique.append(fitted)
-    return unique
+    return [(name, config_label(name, heads, head_dim, "cuda"), variant_call(name, heads, head_dim))
+            for name in ("quack_gemm", "quack_gemm_rope")], ""
 
 
 @dataclass(frozen=True)
 class QKVBench:
-    """``rows``: qkv_gemm.csv (one row per variant x tokens); ``sweep``:
-    qkv_gemm_sweep.csv (one row per swept variant x config x tokens)."""
+    """``rows``: qkv_gemm.csv (one row per variant x tokens)."""
 
     rows: pd.DataFrame
-    sweep: pd.DataFrame
 
 
 def _error(out, reference, native_error: float, scale: float) -> dict:
@@ -278,57 +240,62 @@ def run_qkv_bench(
     head_dim: int = 72,
     mode: str = "cudagraph",
     samples: int = 30,
+    rounds: int = 5,
+    seed: int = 0,
     variants: Sequence[str] = QKV_VARIANTS,
-    configs: Sequence[QKVGemmConfig] | None = None,
-    quack_configs: Sequence[str] = tuple(quack.QUACK_CONFIGS),
     compile_budget_s: float = 300.0,
     progress: bool = True,
 ) -> QKVBench:
     """Time (and check against float64) every variant at every token count.
 
-    Swept variants run every config; the main row of each is its fastest. Our
-    rotation-compiled-out variant runs at the config of the faster of our swept
-    kernels (so one of them must be among ``variants``). ``compile_max_autotune``
-    compiles once per token count (static shapes); once compiling has taken
-    ``compile_budget_s`` seconds in total, later token counts record it as
-    skipped. A variant that fails, or a peer that is absent, is a row whose
-    ``note`` says why, never hidden."""
+    Per token count: the input sets (``read_bytes`` x their count covers twice the L2),
+    one checked call per variant (compiles; a variant that raises is a row saying so),
+    then every variant that ran in ``rounds`` rounds of seeded shuffled order, each at
+    its fixed config. ``compile_max_autotune`` compiles once per token count (static
+    shapes); once compiling has taken ``compile_budget_s`` seconds in total, later token
+    counts record it as skipped. A variant that fails, or a backend that does not run
+    here, is a row whose ``note`` says why, never hidden."""
     unknown = sorted(set(variants) - set(QKV_VARIANTS))
     if unknown:
         raise ValueError(f"unknown variants {unknown}; choose from {QKV_VARIANTS}")
-    if "qkv_cute_rotation_compiled_out" in variants and "qkv_rope_linear_cute" not in variants:
-        raise ValueError("qkv_cute_rotation_compiled_out runs at qkv_rope_linear_cute's best "
-                         "config: include qkv_rope_linear_cute in variants")
-    if set(AT_OUR_BEST) & set(variants) and not set(OURS_SWEPT) & set(variants):
-        raise ValueError(f"{sorted(set(AT_OUR_BEST) & set(variants))} run at the best config of "
-                         f"our kernels: include one of {OURS_SWEPT} in variants")
-    bad = sorted(set(quack_configs) - set(quack.QUACK_CONFIGS))
-    if bad:
-        raise ValueError(f"unknown QuACK configs {bad}; choose from {sorted(quack.QUACK_CONFIGS)}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     device = torch.device(device)
-    ours_configs = candidate_configs(heads, head_dim, device, configs)
-    quack_ok, quack_why = (quack.availability() if {"quack_gemm", "quack_gemm_rope"} & set(variants)
-                           else (False, ""))
+    absent = {}
+    if {"quack_gemm", "quack_gemm_rope"} & set(variants):
+        ok, why = quack.availability()
+        if not ok:
+            absent.update({"quack_gemm": why, "quack_gemm_rope": why})
+    if {"qkv_rope_linear_cute", "qkv_cute_rotation_compiled_out"} & set(variants):
+        ok, why = qkv_cute.availability(device)
+        if not ok:
+            absent.update({"qkv_rope_linear_cute": why, "qkv_cute_rotation_compiled_out": why})
     # QuACK's rows name its package, version and source hash, as every peer row does
-    quack_columns = dict(zip(("peer_package", "peer_version", "peer_sha256"),
-                             (quack.PACKAGE, *quack.source()))) if quack_ok else {}
-    cute_ok, cute_why = (qkv_cute.availability(device) if set(CUTE) & set(variants)
-                         else (False, ""))
+    quack_columns = (dict(zip(("peer_package", "peer_version", "peer_sha256"),
+                              (quack.PACKAGE, *quack.source())))
+                     if "quack_gemm" in set(variants) - set(absent)
+                     or "quack_gemm_rope" in set(variants) - set(absent) else {})
     # our CuTe kernel runs on the installed CuTe DSL: its rows name the version
-    cute_note = f"CuTe DSL: nvidia-cutlass-dsl {qkv_cute.cutlass_dsl_version()}" if cute_ok else ""
-    rows, sweep_rows, compile_spent = [], [], 0.0
+    cute_note = (f"CuTe DSL: nvidia-cutlass-dsl {qkv_cute.cutlass_dsl_version()}"
+                 if "qkv_rope_linear_cute" in set(variants) - set(absent) else "")
     compiled = None
     if "compile_max_autotune" in variants:
         compiled = torch.compile(_linear_then_rope, mode="max-autotune-no-cudagraphs",
                                  dynamic=False, fullgraph=True)
+    baselines = {
+        "cublas_linear": lambda a: F.linear(a["x"], a["w"], a["b"]).view(
+            a["x"].shape[0], 3, heads, head_dim),
+        "cublas_linear+fused_rope": lambda a: linear_then_fused_rope(
+            a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),
+        "compile_max_autotune": lambda a: compiled(
+            a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),
+    }
     shape = {"hidden": hidden, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
              "mode": mode}
+    rows, compile_spent = [], 0.0
 
-    def measure(name, fn, arg_sets, refs):
-        return measure_variant(name, fn, arg_sets, refs, mode=mode, samples=samples)
-
-    def row_of(name, t, config, timing, note, checked):
-        if name in CUTE and cute_note and not note:
+    def row_of(name, t, config, note, checked, timing=None, timed=None, sets=0):
+        if name.startswith("qkv_") and "cute" in name and cute_note and not note:
             note = cute_note
         row = {"variant": name, "tokens": t, **shape, "config": config,
                "flops": gemm_flops(t, hidden, heads, head_dim), "note": note,
@@ -336,110 +303,104 @@ def run_qkv_bench(
                **(quack_columns if name.startswith("quack") else {})}
         if timing is not None:
             row.update(timer=timing.timer, median_us=timing.median_us, p20_us=timing.p20_us,
-                       p80_us=timing.p80_us, samples=timing.samples,
+                       p80_us=timing.p80_us, samples=timing.samples, input_sets=sets,
+                       rounds=len(timed.orders), round_positions=timed.positions(name),
+                       order_seed=str(timed.seed),
                        tflops=row["flops"] / (timing.median_us * 1e-6) / 1e12)
         if progress:
             shown = f"{timing.median_us:9.1f} us" if timing else note
-            print(f"qkv_gemm T={t:6d} {name:30s} {config:28s} {shown}", flush=True)
+            print(f"qkv_gemm T={t:6d} {name:30s} {config:40s} {shown}", flush=True)
         return row
 
     for t in tokens:
-        arg_sets = [make_args(t, hidden, heads, head_dim, device, seed=s) for s in range(2)]
+        count = cold_set_count(read_bytes(t, hidden, heads, head_dim), device)
+        arg_sets = [make_args(t, hidden, heads, head_dim, device, seed=s) for s in range(count)]
         rotated, unrotated, scale = references(arg_sets[0], heads, head_dim)
         refs = (rotated, unrotated, scale)  # refs[True] = unrotated
-        best_ours = best_cute = None
+        fns, checks, labels, t_rows = {}, {}, {}, {}
         for name in variants:
-            if name in CUTE and not cute_ok:
-                rows.append(row_of(name, t, "", None, f"absent: {cute_why}", {}))
+            if name in absent:
+                t_rows[name] = row_of(name, t, "", f"absent: {absent[name]}", {})
                 continue
-            if name in SWEPT:
-                if name.startswith("quack") and not quack_ok:
-                    rows.append(row_of(name, t, "", None, f"absent: {quack_why}", {}))
-                    continue
-                candidates = ([(c.label, ours(name, c, heads, head_dim), c) for c in ours_configs]
-                              if name in OURS_SWEPT else
-                              [(c.label, cute_call(name, c, heads, head_dim), c)
-                               for c in qkv_cute.CUTE_CONFIGS]
-                              if name in CUTE else
-                              [(quack.gemm_config(c, device)[1], quack_call(name, c, heads,
-                                                                             head_dim), c)
-                               for c in quack_configs])
-                best = None
-                for label, fn, config in candidates:
-                    timing, note, checked, _ = measure(name, fn, arg_sets, refs)
-                    sweep_rows.append(row_of(name, t, label, timing, note, checked))
-                    if timing is not None and (best is None or timing.median_us < best[1].median_us):
-                        best = (label, timing, note, checked, config)
-                if best is None:
-                    rows.append(row_of(name, t, "", None, "failed at every config (see sweep)", {}))
-                    continue
-                rows.append(row_of(name, t, best[0], best[1], best[2], best[3]))
-                if name in OURS_SWEPT and (best_ours is None
-                                           or best[1].median_us < best_ours[1]):
-                    best_ours = (best[4], best[1].median_us)
-                if name in CUTE:
-                    best_cute = best[4]
-            elif name == "qkv_cute_rotation_compiled_out":
-                if best_cute is None:
-                    rows.append(row_of(name, t, "", None, "qkv_rope_linear_cute did not run", {}))
-                    continue
-                timing, note, checked, _ = measure(name, cute_call(name, best_cute, heads,
-                                                                   head_dim), arg_sets, refs)
-                rows.append(row_of(name, t, best_cute.label, timing, note, checked))
-            elif name in AT_OUR_BEST:
-                if best_ours is None:
-                    rows.append(row_of(name, t, "", None, "no config of our kernels ran", {}))
-                    continue
-                timing, note, checked, _ = measure(name, ours(name, best_ours[0], heads,
-                                                              head_dim), arg_sets, refs)
-                rows.append(row_of(name, t, best_ours[0].label, timing, note, checked))
-            else:
-                if name == "compile_max_autotune" and compile_spent > compile_budget_s:
-                    rows.append(row_of(name, t, "", None,
-                                       f"skipped: compile budget of {compile_budget_s:.0f} s spent",
-                                       {}))
-                    continue
-                fn = {
-                    "cublas_linear": lambda a: F.linear(a["x"], a["w"], a["b"]).view(
-                        a["x"].shape[0], 3, heads, head_dim),
-                    "cublas_linear+fused_rope": lambda a: linear_then_fused_rope(
-                        a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),
-                    "compile_max_autotune": lambda a: compiled(
-                        a["x"], a["w"], a["b"], *a["cos_sin"], heads, head_dim),
-                }[name]
-                timing, note, checked, spent = measure(name, fn, arg_sets, refs)
-                if name == "compile_max_autotune":
-                    compile_spent += spent
-                rows.append(row_of(name, t, "", timing, note, checked))
-        del arg_sets, rotated, unrotated, refs
+            if name == "compile_max_autotune" and compile_spent > compile_budget_s:
+                t_rows[name] = row_of(name, t, "", f"skipped: compile budget of "
+                                      f"{compile_budget_s:.0f} s spent", {})
+                continue
+            labels[name] = (config_label(name, heads, head_dim, device)
+                            if name in VARIANT_BACKENDS else "")
+            fn = variant_call(name, heads, head_dim) if name in VARIANT_BACKENDS \
+                else baselines[name]
+            checked, note, spent = check_variant(name, fn, arg_sets, refs, mode=mode)
+            if name == "compile_max_autotune":
+                compile_spent += spent
+            if checked is None:
+                t_rows[name] = row_of(name, t, labels[name], note, {})
+                continue
+            fns[name], checks[name] = (fn, [(a,) for a in arg_sets]), (checked, note)
+        if fns:
+            timed = time_rounds(fns, mode=mode, calls_per_sample=len(arg_sets), samples=samples,
+                                rounds=rounds, seed=f"{seed}/{t}",
+                                rewarm=1 if device.type == "cuda" else 0)
+            for name in fns:
+                checked, note = checks[name]
+                t_rows[name] = row_of(name, t, labels[name], note, checked, timed.timings[name],
+                                      timed, len(arg_sets))
+        rows += [t_rows[name] for name in variants]
+        del arg_sets, rotated, unrotated, refs, fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return QKVBench(_frame(rows, rows), _frame(sweep_rows, rows))
+    return QKVBench(_frame(rows))
 
 
-# Column order of both tables. Columns a failed or absent row leaves empty are
-# floats or text in every run (never int or bool), so re-runs upsert cleanly.
+def check_variant(name: str, fn, arg_sets: Sequence[dict], refs: tuple, *,
+                  mode: str = "cudagraph"):
+    """(correctness columns or None, note, seconds): ``fn`` called once on every arg set
+    (builds operands, compiles), its first output checked against ``refs`` (``UNROTATED``
+    variants against x W^T + b), then one sample in ``mode`` (captures a graph). A failure
+    is the note ("failed: ..."), never raised."""
+    device = arg_sets[0]["x"].device
+    start = time.perf_counter()
+    try:
+        out = fn(arg_sets[0])  # compiles, autotunes
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        note = (f"compiled in {time.perf_counter() - start:.0f} s"
+                if name == "compile_max_autotune" else "")
+        (reference, native), scale = refs[name in UNROTATED], refs[2]
+        checked = _error(out, reference, native, scale)
+        del out
+        for a in arg_sets[1:]:
+            fn(a)
+        sample_fn(fn, [(a,) for a in arg_sets], mode=mode, samples=1, warmup=0)
+        return checked, note, time.perf_counter() - start
+    except Exception as e:  # recorded, not raised: a variant failing is a result
+        return None, f"failed: {type(e).__name__}: {str(e)[:200]}", time.perf_counter() - start
+
+
+# Column order of the table. Columns a failed or absent row leaves empty are floats or
+# text in every run (never int or bool), so re-runs upsert cleanly.
 COLUMNS = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "config",
-           "timer", "median_us", "p20_us", "p80_us", "samples", "flops", "tflops",
+           "timer", "median_us", "p20_us", "p80_us", "samples", "input_sets", "rounds",
+           "round_positions", "order_seed", "flops", "tflops",
            "ratio_to_cublas", "ratio_to_cublas_fused_rope", "reference", "max_abs_err",
            "native_max_abs_err", "error_tolerance", "matches_float64", "note",
            "peer_package", "peer_version", "peer_sha256")
-FLOAT_COLUMNS = ("median_us", "p20_us", "p80_us", "samples", "tflops", "max_abs_err",
-                 "native_max_abs_err", "error_tolerance")
+FLOAT_COLUMNS = ("median_us", "p20_us", "p80_us", "samples", "input_sets", "rounds", "tflops",
+                 "max_abs_err", "native_max_abs_err", "error_tolerance")
 
 
-def _frame(rows: list[dict], main_rows: list[dict]) -> pd.DataFrame:
-    """Rows as a table with the ratios to the main table's baselines and provenance."""
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows as a table with the ratios to the baselines at each token count, and provenance."""
     df = pd.DataFrame(rows, columns=[c for c in COLUMNS if not c.startswith("ratio_")])
     for col in FLOAT_COLUMNS:
         df[col] = df[col].astype(float)
-    df["timer"] = df["timer"].fillna("").astype(object)
+    for col in ("timer", "round_positions", "order_seed"):
+        df[col] = df[col].fillna("").astype(object)
     df["matches_float64"] = df["matches_float64"].map(
         lambda v: "" if v is None or v != v else str(bool(v))).astype(object)
-    main = pd.DataFrame(main_rows, columns=["variant", "tokens", "median_us"])
     for base_name, col in (("cublas_linear", "ratio_to_cublas"),
                            ("cublas_linear+fused_rope", "ratio_to_cublas_fused_rope")):
-        base = main[main.variant == base_name].set_index("tokens")["median_us"].astype(float)
+        base = df[df.variant == base_name].set_index("tokens")["median_us"].astype(float)
         df[col] = df["median_us"] / df["tokens"].map(base).astype(float)
     df = df[list(COLUMNS)]
     for k, v in provenance().items():

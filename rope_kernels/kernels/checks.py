@@ -276,3 +276,110 @@ def packed_qkv_of(xq: torch.Tensor, xk: torch.Tensor, who: str = "vllm_packed_qk
         raise ValueError(f"{who} rotates a packed qkv in place: xq and xk must be the "
                          "q and k slices (qkv.unbind(1)) of one contiguous (T, 3, H, D) tensor")
     return xq.as_strided((tokens, 3, heads, head_dim), (row, heads * head_dim, head_dim, 1))
+
+
+# --------------------------------------------------------------------------
+# The QKV projection with RoPE (kernels/qkv_gemm.py, kernels/qkv_cute.py, kernels/qkv.py)
+# --------------------------------------------------------------------------
+
+GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` as a positive int: TypeError for a non-int (2.0, "2", True), ValueError
+    for zero or less."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_no_autograd(what: str, **tensors) -> None:
+    """The QKV kernels record no autograd graph: refuse inputs that require grad while
+    grad mode is on (their output would silently carry no grad_fn)."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in tensors.items()
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needing:
+        raise ValueError(f"{what} does not support autograd, but {', '.join(needing)} "
+                         f"require{'s' if len(needing) == 1 else ''} grad: run it under "
+                         "torch.no_grad() or torch.inference_mode(), or detach the inputs")
+
+
+def check_qkv_operands(x, w_qkv, b_qkv, head_dim: int, heads: int | None = None,
+                       head_dim_from: str = "head_dim") -> int:
+    """x (T, hidden) and W_qkv (3*heads*head_dim, hidden) of one GEMM dtype, b_qkv
+    (3*heads*head_dim,) floating point or None, all on x's device; W contiguous, x with a
+    unit last stride. ``heads`` None: read from W's rows (``head_dim_from`` names where
+    head_dim came from, for the message). Returns heads."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (tokens, hidden), got shape {tuple(x.shape)}")
+    if x.dtype not in GEMM_DTYPES:
+        raise TypeError(f"x must be bfloat16 or float16, got {x.dtype}")
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"x must have a unit-stride last dimension, got strides {tuple(x.stride())}")
+    check_positive_int("head_dim", head_dim)
+    if head_dim % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 for Kimi's 2D RoPE, got {head_dim}")
+    if not isinstance(w_qkv, torch.Tensor):
+        raise TypeError(f"w_qkv must be a torch.Tensor, got {type(w_qkv).__name__}")
+    if w_qkv.dtype != x.dtype:
+        raise TypeError(f"w_qkv dtype {w_qkv.dtype} differs from x dtype {x.dtype}")
+    if w_qkv.dim() != 2 or w_qkv.shape[1] != x.shape[1]:
+        raise ValueError(f"w_qkv must have shape (3*heads*head_dim, {x.shape[1]}) for x of "
+                         f"shape {tuple(x.shape)}, got {tuple(w_qkv.shape)}")
+    if w_qkv.device != x.device:
+        raise ValueError(f"w_qkv is on {w_qkv.device} but x is on {x.device}")
+    if heads is None:
+        if w_qkv.shape[0] % (3 * head_dim):
+            raise ValueError(f"{head_dim_from} implies head_dim {head_dim}, which does not "
+                             f"divide the {w_qkv.shape[0] // 3} columns of each of q, k, v")
+        heads = w_qkv.shape[0] // (3 * head_dim)
+    check_positive_int("heads", heads)
+    if w_qkv.shape[0] != 3 * heads * head_dim:
+        raise ValueError(f"w_qkv has {w_qkv.shape[0]} rows: not 3 * heads * head_dim = "
+                         f"3 * {heads} * {head_dim} = {3 * heads * head_dim} (heads={heads} "
+                         f"does not match the weight)")
+    if not w_qkv.is_contiguous():
+        raise ValueError(f"w_qkv must be contiguous, got strides {tuple(w_qkv.stride())}")
+    if b_qkv is not None:
+        if not isinstance(b_qkv, torch.Tensor):
+            raise TypeError(f"b_qkv must be a torch.Tensor or None, got {type(b_qkv).__name__}")
+        if tuple(b_qkv.shape) != (w_qkv.shape[0],):
+            raise ValueError(f"b_qkv must have shape ({w_qkv.shape[0]},), got {tuple(b_qkv.shape)}")
+        if not b_qkv.is_floating_point():
+            raise TypeError(f"b_qkv must be floating point, got {b_qkv.dtype}")
+        if b_qkv.device != w_qkv.device:
+            raise ValueError(f"b_qkv is on {b_qkv.device} but w_qkv is on {w_qkv.device}")
+    return heads
+
+
+def check_qkv_out(out, shape: tuple, x: torch.Tensor, inputs: dict) -> None:
+    """A given ``out=``: a contiguous tensor of the packed shape, x's dtype and device,
+    sharing no memory with any of ``inputs`` (name -> tensor or None). Each message names
+    ``out`` and what is wrong with it."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)} (tokens, 3, heads, head_dim), "
+                         f"got {tuple(out.shape)}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
+    if out.device != x.device:
+        raise ValueError(f"out is on {out.device} but x is on {x.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"out must be contiguous, got strides {tuple(out.stride())}")
+    for name, t in inputs.items():
+        if isinstance(t, torch.Tensor) and may_overlap(out, t):
+            raise ValueError(f"out shares memory with {name}; give an out that overlaps no input "
+                             "(the kernel reads inputs while other tiles write out)")

@@ -16,7 +16,7 @@ vector loads even though a 72-element head is not a multiple of 16 elements.
 Why this layout: an exploration run on the H200, 2026-12-03 (tools/fused_explore.py;
 bf16, CUDA graphs, cold L2, Kimi's 21904 and 87616 tokens x 2, 4 and 16 heads x 72)
 timed it against the earlier default (a program per ``BLOCK_T`` tokens x ``BLOCK_H``
-heads reading a cos/sin table, now the "tiles" candidate in ``fused_candidates.py``),
+heads reading a cos/sin table, now the "tiles" candidate in ``bench/fused_candidates.py``),
 one padded block per row and cache hints. Rows of 4 KB (two chunks, no hints) were the
 fastest launch or within 0.6% of it out of place, and within 1% in place, on every
 shape, and 1.05-1.14x faster than the tiles kernel (out of place and in place). The
@@ -219,7 +219,8 @@ def vector_width(tensors, element_size: int) -> int:
     return 1
 
 
-def _strides(xq, xk, q_out, k_out, vec):
+def qk_strides(xq, xk, q_out, k_out, vec):
+    """Token and head strides of q, k and their outputs, in units of ``vec`` elements."""
     return (xq.stride(0) // vec, xq.stride(1) // vec, xk.stride(0) // vec, xk.stride(1) // vec,
             q_out.stride(0) // vec, q_out.stride(1) // vec,
             k_out.stride(0) // vec, k_out.stride(1) // vec)
@@ -228,9 +229,9 @@ def _strides(xq, xk, q_out, k_out, vec):
 # Bytes of q (and as many of k) one program moves by default; rows_launch_config
 # rounds down to whole tokens (at least one). 4 KB: the fastest tile or within 0.6% of
 # it on every Kimi shape of the exploration run above (1, 2, 4 and 8 KB timed out of
-# place, 2 and 4 KB in place). The sweep times the same tiles (ROWS_TILE_BYTES_SWEPT).
+# place, 2 and 4 KB in place). The sweep times the same tiles
+# (bench/fused_candidates.py's ROWS_TILE_BYTES_SWEPT).
 ROWS_TILE_BYTES = 4096
-ROWS_TILE_BYTES_SWEPT = (1024, 2048, 4096, 8192)
 ROWS_MAX_WARPS = 8
 
 
@@ -454,7 +455,7 @@ def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     interleaved = interleaved_cos_sin(cos, sin)
     cs_vec = cos_sin_vector(cos, sin)
     _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
-        xq, xk, q_out, k_out, cos, sin, n_tokens, *_strides(xq, xk, q_out, k_out, vec),
+        xq, xk, q_out, k_out, cos, sin, n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
         cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
         0.0 if copy_never is None else float(copy_never),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,

@@ -18,13 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from rope_kernels.kernels.freqs import (grid_tokens, vision_freqs_cis, vision_patch_coords,
-                                        vision_rope_frequencies)
-from rope_kernels.kernels.qkv_cute import CuteQKVConfig, rotating_qkv_projection_cute
-from rope_kernels.kernels.qkv_gemm import rotating_qkv_projection
+from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis, vision_patch_coords
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
-from rope_kernels.peers import quack_gemm
+from rope_kernels.qkv import qkv_rope, qkv_rope_operands
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
 # projection's epilogue, kernels/qkv_gemm.py; "gemm_epilogue_cute": our CuTe DSL kernel,
@@ -32,6 +29,12 @@ from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # out, the floor on our own GEMM), "gemm_epilogue_quack" (the same in
 # QuACK's GEMM, peers/quack_gemm.py, where QuACK runs); how attention runs ("auto": per device)
 from rope_kernels.vocabulary import ATTENTION_KERNELS, ENCODER_ONLY_ROPE
+
+# The encoder modes that rotate q and k inside the QKV projection: (qkv_rope backend, epilogue).
+GEMM_EPILOGUE_MODES = {"gemm_epilogue": ("triton", "rope"), "gemm_epilogue_cute": ("cute", "rope"),
+                       "gemm_epilogue_quack": ("quack", "rope"),
+                       # our GEMM's floor: the CuTe kernel with its rotation compiled out
+                       "gemm_epilogue_cute_norot": ("cute", "none")}
 
 
 def rope_variants() -> tuple[str, ...]:
@@ -180,31 +183,18 @@ class MoonViTEncoder(nn.Module):
         x = x + self._position_embedding(grids)
         freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
         cos, sin = cos_sin_views(freqs_cis)
-        quack_ops = angles = None
+        operands = None
         for blk in self.blocks:
             h = blk.norm0(x)
-            if rope in ("gemm_epilogue", "gemm_epilogue_cute", "gemm_epilogue_cute_norot"):
-                if angles is None:  # patch coordinates and frequencies, once per forward
-                    angles = (vision_patch_coords(grids, device=x.device),
-                              vision_rope_frequencies(cfg.head_dim, theta=cfg.theta,
-                                                      device=x.device))
-                if rope == "gemm_epilogue":  # angles in-kernel (the faster mode on an H200)
-                    q, k, v = rotating_qkv_projection(blk.wqkv, h, cos, sin, cfg.heads,
-                                                      angles=angles).unbind(1)
-                else:  # the CuTe kernel at its default config, with or without the rotation
-                    config = CuteQKVConfig(rotate=rope == "gemm_epilogue_cute")
-                    q, k, v = rotating_qkv_projection_cute(blk.wqkv, h, angles[0], cfg.heads,
-                                                           cfg.head_dim, theta=cfg.theta,
-                                                           config=config).unbind(1)
-            elif rope == "gemm_epilogue_quack":  # W as it is: QuACK rotates adjacent pairs
-                if quack_ops is None:  # positions and frequency tables, once per forward
-                    quack_ops = quack_gemm.kimi_mrope_operands(
-                        cfg.heads, cfg.head_dim, vision_patch_coords(grids, device=x.device),
-                        vision_rope_frequencies(cfg.head_dim, theta=cfg.theta, device=x.device),
-                        None)
-                ops = {**quack_ops, "bias": blk.wqkv.bias.float()[None, :]}
-                q, k, v = quack_gemm.quack_gemm_rope(h, blk.wqkv.weight, blk.wqkv.bias, cfg.heads,
-                                                     ops).unbind(1)
+            if rope in GEMM_EPILOGUE_MODES:
+                backend, epilogue = GEMM_EPILOGUE_MODES[rope]
+                if operands is None:  # positions and frequencies, once per forward
+                    operands = qkv_rope_operands(vision_patch_coords(grids, device=x.device),
+                                                 heads=cfg.heads, head_dim=cfg.head_dim,
+                                                 theta=cfg.theta, backend=backend)
+                q, k, v = qkv_rope(h, blk.wqkv.weight, blk.wqkv.bias, operands, heads=cfg.heads,
+                                   head_dim=cfg.head_dim, backend=backend,
+                                   epilogue=epilogue).unbind(1)
             else:
                 qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
                 q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)

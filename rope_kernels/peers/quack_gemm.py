@@ -39,6 +39,13 @@ QUACK_CONFIGS = {
                                   pingpong=True, is_dynamic_persistent=False),
     "quack_default": None,
 }
+# The configs ``qkv.qkv_rope`` runs (and notebook 05 times): the faster of the two above in
+# the committed sweep (data/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72;
+# us at 21,904 / 43,808 / 87,616 tokens): the RoPE epilogue at 128x160 (252.3 / 503.4 /
+# 1016.7, against 281.2 / 558.3 / 1100.4 at QuACK's default, 128x192), the plain GEMM at
+# QuACK's default (226.2 / 443.3 / 876.6, against 231.6 / 460.2 / 904.0 at 128x160).
+DEFAULT_ROPE_CONFIG = "128x160_c2x1_pingpong"
+DEFAULT_PLAIN_CONFIG = "quack_default"
 
 
 def kimi_mrope_tables(heads: int, head_dim: int, freqs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -48,9 +48,9 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_cos_sin, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import (RowsConfig, _strides, check_cache_hints, fused_qk_rope,
+from rope_kernels.kernels.fused import (RowsConfig, check_cache_hints, fused_qk_rope,
                                         fused_launch_config, head_dim_chunks, rows_launch_config,
-                                        vector_width)
+                                        qk_strides, vector_width)
 
 # "rows": fused_qk_rope's own kernel (fused.py) under a given RowsConfig ("rows_padded" in
 # the sweep's rows when the row is one padded block); "tiles": fused_qk_rope_tiles, the
@@ -353,7 +353,7 @@ def fused_qk_rope_tiles(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tensor,
     tokens, heads, head_dim = xq.shape
     main, rest, vec = launch
     _fused_qk_rope_tiles_kernel[tiles_grid(tokens, heads, config)](
-        xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
+        xq, xk, q_out, k_out, cos, sin, tokens, *qk_strides(xq, xk, q_out, k_out, vec),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
         BLOCK_H=config.block_h, VEC=vec, EVICTION=config.eviction_policy,
@@ -397,7 +397,7 @@ def fused_qk_rope_persistent(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tens
     main, rest, vec = launch
     _fused_qk_rope_persistent_kernel[persistent_grid(tokens, heads, config, programs_per_sm,
                                                      xq.device)](
-        xq, xk, q_out, k_out, cos, sin, tokens, *_strides(xq, xk, q_out, k_out, vec),
+        xq, xk, q_out, k_out, cos, sin, tokens, *qk_strides(xq, xk, q_out, k_out, vec),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
         BLOCK_H=config.block_h, VEC=vec, NUM_STAGES=num_stages, num_warps=config.num_warps,
@@ -443,7 +443,7 @@ def fused_qk_rope_angles(xq: torch.Tensor, xk: torch.Tensor, coords: torch.Tenso
     tokens, heads, head_dim = xq.shape
     main, rest, vec = launch
     _fused_qk_rope_angles_kernel[tiles_grid(tokens, heads, config)](
-        xq, xk, q_out, k_out, coords, freqs, tokens, *_strides(xq, xk, q_out, k_out, vec),
+        xq, xk, q_out, k_out, coords, freqs, tokens, *qk_strides(xq, xk, q_out, k_out, vec),
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
         BLOCK_H=config.block_h, VEC=vec, num_warps=config.num_warps,
     )
