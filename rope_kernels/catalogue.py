@@ -68,6 +68,17 @@ _ENTRIES: list[Entry] = [
           description="QuACK `apply_rotary_emb_qkv_` in place on the packed qkv"),
     Entry("quack_rotary", "QuACK `apply_rotary`", "engine", "#7b4173",
           description="QuACK `apply_rotary`, out of place"),
+    Entry("vllm_rotary_qkv", "vLLM flash-attn `apply_rotary_emb_qkv_`", "engine", "#393b79",
+          ("rope", "encoder"), inplace=True,
+          description="vLLM's bundled flash-attention `apply_rotary_emb_qkv_`, in place on the packed qkv, "
+                      "cos/sin in the data's dtype"),
+    Entry("tokenspeed_qkv", "tokenspeed `packed_qkv_complex_rotary`", "engine", "#e6550d",
+          ("rope", "encoder"),
+          description="tokenspeed-kernel's `packed_qkv_complex_rotary` (Triton, stock Triton here): packed qkv "
+                      "in, contiguous q/k out"),
+    Entry("transformer_engine", "TransformerEngine fused RoPE", "engine", "#b5cf6b",
+          description="TransformerEngine `apply_rotary_pos_emb(interleaved=True)`: recorded as not run "
+                      "(no route onto the device)"),
     Entry("liger", "Liger", "engine", "#ff7f0e", description="Liger-Kernel `llama4_rope`"),
     Entry("gemm_epilogue_quack", "RoPE in QuACK's GEMM", "engine", "#4d004b", ("encoder",)),
     Entry("quack_gemm_rope", "QuACK GEMM + RoPE epilogue", "engine", "#c51b7d", ("qkv",)),

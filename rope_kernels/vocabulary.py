@@ -16,11 +16,13 @@ import math
 # or not: this project's own implementations, then other people's code.
 OWN_VARIANTS = ("native", "fused", "fused_inplace", "vllm_merged_recreated")
 PEER_VARIANTS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "compiled", "liger",
-                 "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")
+                 "sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary",
+                 "vllm_rotary_qkv", "tokenspeed_qkv", "transformer_engine")
 KNOWN_VARIANTS = OWN_VARIANTS + PEER_VARIANTS
 # Those that rotate q and k where they are (the registry's ``Variant.inplace``; the
 # registry refuses to build when the two disagree), known without loading any peer.
-IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv")
+IN_PLACE_VARIANTS = ("fused_inplace", "vllm_packed_qk", "flashinfer", "quack_qkv",
+                     "vllm_rotary_qkv")
 # The encoder also knows "none" (RoPE skipped: the floor), "gemm_epilogue" (q
 # and k rotated inside the QKV projection's epilogue by our Triton kernel, no RoPE
 # step at all), "gemm_epilogue_cute" (the same by our CuTe DSL kernel; sm_90 GPUs
