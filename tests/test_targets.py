@@ -335,6 +335,29 @@ def test_encoder_cost_against_the_physical_minimum():
     assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["within noise"]
 
 
+# --- host time per eager call -----------------------------------------------------------
+def test_host_time_target_judges_each_of_ours_beyond_noise():
+    shapes = [(1024, 16, 72)]
+    rows = micro({"fused": 20.0, "fused_inplace": 25.0, "vllm_packed_qk": 20.0}, shapes=shapes,
+                 in_place=PLACE)
+    rows["host_us"] = rows["variant"].map({"fused": 22.0, "fused_inplace": 23.0, "vllm_packed_qk": 19.0})
+    rows["host_p20_us"], rows["host_p80_us"] = rows["host_us"] * 0.99, rows["host_us"] * 1.01
+    def at_1024(tables):
+        v = verdicts_of("host_1.2x_vllm", tables)
+        assert len(v) == 2 * len(KIMI_SHAPES)  # each of ours on every Kimi shape
+        return v[v["shape"] == "1024x16x72"]
+
+    v = at_1024({"microbench": rows})
+    # fused 22/19 = 1.158, band 22.22/18.81 = 1.181: met; in place 23/19 = 1.21: missed
+    assert v.ours.tolist() == ["fused", "fused_inplace"]
+    assert v.verdict.tolist() == ["met", "missed"]
+    rows["host_p80_us"] = rows["host_us"] * 1.04  # 22.88 / 18.81 = 1.216: only the medians pass
+    v = at_1024({"microbench": rows})
+    assert v.verdict.tolist() == ["within noise", "missed"]
+    v = verdicts_of("host_1.2x_vllm", {"microbench": rows.drop(columns=["host_us"])})
+    assert set(v.verdict) == {"not measured"} and v.detail.str.contains("host_us").all()
+
+
 # --- QKV GEMM ---------------------------------------------------------------------------
 def test_qkv_best_of_ours_against_cublas_plus_rope():
     rows = []

@@ -13,7 +13,8 @@ from rope_kernels.provenance import provenance
 from rope_kernels.roofline import minimal_bytes  # noqa: F401  (its home: roofline.py)
 from rope_kernels.bench.same_bytes_copy import (same_bytes_copy, same_bytes_copy_inplace,
                                                 same_bytes_copy_tilings)
-from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
+from rope_kernels.bench.timing import (cold_set_count, host_time_us, peak_memory_mb, time_fn,
+                                       time_rounds)
 from rope_kernels.variants import Variant, get_variant
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -83,6 +84,9 @@ def rope_read_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) 
 # same values, so the in-place copies share theirs). Each variant's row carries the
 # fastest copy that moves what it moves (``in_place`` pairs them) and its tiling.
 SAME_BYTES_COPY = "same_bytes_copy"
+# Calls per host-time loop on a GPU (five loops per variant and shape): enough to average
+# out the timer, few enough that even native's six launches a call fit the launch queue.
+HOST_CALLS = 100
 SAME_BYTES_COPY_INPLACE = "same_bytes_copy_inplace"
 
 
@@ -139,7 +143,8 @@ def bench_shape(
     timed in the same rounds; ``same_bytes_copy_tiling`` names the fastest and
     ``same_bytes_copy_p20_us``/``_p80_us`` give its noise band), and
     ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
-    copying the bytes)."""
+    copying the bytes). ``host_us`` (with ``host_p20_us``/``host_p80_us``) is the host
+    time of one eager call (``timing.host_time_us``, loops of ``host_calls`` calls)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -158,6 +163,13 @@ def bench_shape(
         for tiling in tilings:
             fns[copy_name(inplace, tiling.label)] = (_copy_fn(inplace, tiling), copy_sets[inplace])
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
+    # host time per eager call (a loop of calls that never waits for the device): what a
+    # call costs where the GPU work is small, as in vLLM's eager vision tower. Rows of
+    # every mode carry it; on the CPU it includes the interpreter's work (one call).
+    on_gpu = device.type == "cuda"
+    host_calls = HOST_CALLS if on_gpu else 1
+    hosts = {v.name: host_time_us(v, fns[v.name][1], calls=host_calls, repeats=5 if on_gpu else 1,
+                                  warmup=3 if on_gpu else 0) for v in variants}
     rows = []
     for mode in modes:
         order_seed = f"{seed}/{shape.tokens}x{shape.heads}x{shape.head_dim}/{dtype_name(dtype)}/{mode}"
@@ -184,6 +196,9 @@ def bench_shape(
                 "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
+                "host_us": hosts[variant.name].median_us,
+                "host_p20_us": hosts[variant.name].p20_us,
+                "host_p80_us": hosts[variant.name].p80_us, "host_calls": host_calls,
                 **variant.peer_columns,
             })
     del shared, fns

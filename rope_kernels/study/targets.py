@@ -52,7 +52,7 @@ ENCODER_BUCKET = ("1024x1024", 16)  # resolution, images: 87,616 vision tokens
 QKV_TOKENS = (21904, 43808, 87616)
 COLD, WARM = "cudagraph", "cudagraph_warm"
 KIND_NAMES = ("time_ratio", "copy_fraction", "pr_table", "encoder_paired", "encoder_floor_gap",
-              "encoder_saving", "encoder_cost", "qkv_ratio")
+              "encoder_saving", "encoder_cost", "qkv_ratio", "host_ratio")
 _OPS = {">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<=": lambda v, t: v <= t}
 
 
@@ -165,6 +165,12 @@ TARGETS: tuple[Target, ...] = (
     Target("gemm_epilogue_near_floor", "encoder with RoPE in the QKV GEMM within +-0.3% of the RoPE-free floor, per round (p20..p80)",
            "notebook 04", "encoder_floor_gap", "encoder", "per-round slowdown over none [%], two-sided",
            GEMM_EPILOGUES, "none", "<=", 0.3, modes=(COLD, "eager"), pairing="fastest of ours", unit="%"),
+    Target("host_1.2x_vllm", "our fused and in-place calls' host time per eager call at most 1.2x vLLM "
+           "packed_qk_rope_'s, every Kimi shape", "issue 35", "host_ratio", "microbench",
+           "host_us(ours) / host_us(vllm_packed_qk)", OURS, "vllm_packed_qk", "<=", 1.2,
+           modes=("eager",), shapes=KIMI_SHAPES, pairing="fixed",
+           notes="host_us: a Python loop of eager calls that never waits for the GPU (microbench); "
+                 "each of ours is judged"),
     Target("qkv_vs_cublas_fused_rope", "RoPE-epilogue GEMM at most cuBLAS + fused RoPE (the fusion pays)",
            "issue 18 (required)", "qkv_ratio", "qkv_gemm", "time(best of ours) / time(cublas_linear+fused_rope)",
            QKV_OURS, "cublas_linear+fused_rope", "<=", 1.0,
@@ -692,7 +698,37 @@ def _qkv_ratio(target: Target, tables: dict) -> list[dict]:
     return out
 
 
-KINDS = {"time_ratio": _time_ratio, "copy_fraction": _copy_fraction, "pr_table": _pr_table,
+def _host_ratio(target: Target, tables: dict) -> list[dict]:
+    """Host time per eager call (``host_us``, with p20/p80) of each of ours over the
+    peer's, per shape; rows of any timing mode carry the same loop's figures."""
+    out = []
+    m = tables.get("microbench", pd.DataFrame())
+    if not m.empty and "dtype" in m.columns:
+        m = m[m["dtype"] == "bfloat16"]
+    has = not m.empty and "host_us" in m.columns
+    keys = ["tokens", "heads", "head_dim"]
+    med = _band_rows(m, keys, "host_us") if has else {}
+    p20s = _band_rows(m, keys, "host_p20_us") if has else {}
+    p80s = _band_rows(m, keys, "host_p80_us") if has else {}
+    for shape in target.shapes:
+        text = _shape_text(shape)
+        theirs = med.get((target.against, *shape))
+        for ours in target.ours:
+            mine = med.get((ours, *shape))
+            if theirs is None or mine is None or not (math.isfinite(theirs) and math.isfinite(mine)):
+                why = ("rows carry no host_us column" if not has else
+                       f"no {target.against} host time" if theirs is None else f"no {ours} host time")
+                out.append(_verdict_row(target, "eager", text, ours, float("nan"), "not measured", why))
+                continue
+            ratio = mine / theirs
+            band = _ratio(p80s.get((ours, *shape)), p20s.get((target.against, *shape)))
+            out.append(_verdict_row(target, "eager", text, ours, ratio, judge_banded(target, ratio, band),
+                                    f"{ours} {mine:.1f} us, {target.against} {theirs:.1f} us per call"
+                                    + _band_words(band), band_value=band))
+    return out
+
+
+KINDS = {"time_ratio": _time_ratio, "host_ratio": _host_ratio, "copy_fraction": _copy_fraction, "pr_table": _pr_table,
          "encoder_paired": _encoder_paired, "encoder_floor_gap": _encoder_paired,
          "encoder_saving": _encoder_saving, "encoder_cost": _encoder_cost, "qkv_ratio": _qkv_ratio}
 VERDICT_COLUMNS = ["target", "mode", "shape", "ours", "against", "value", "op", "threshold", "unit",
