@@ -171,6 +171,23 @@ def test_a_peer_without_rows_says_why_where_its_correctness_rows_do():
     assert set(v.detail) == {"no flashinfer row"}
 
 
+def test_a_peer_that_fails_float64_carries_it_beside_its_time():
+    """vllm_rotary_qkv rotates with bf16 cos/sin: where its correctness rows failed the
+    float64 rule, every ratio against it says so (and by how much); where they passed, not."""
+    def correctness(passed):
+        return pd.DataFrame([{"variant": "vllm_rotary_qkv", "tokens": 4099, "heads": 16, "head_dim": 72,
+                              "dtype": "bfloat16", "supported": True, "passed": passed,
+                              "max_abs_err": 0.025 if not passed else 0.01, "tolerance": 0.0156,
+                              "reason": ""}])
+    micro_rows = micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_rotary_qkv": 100.0},
+                       in_place=dict(PLACE, vllm_rotary_qkv=True))
+    v = verdicts_of("kimi_1.05x_vllm_rotary_qkv", {"microbench": micro_rows, "correctness": correctness(False)})
+    assert v.peer_fails_float64.all() and v.detail.str.contains("fails the float64 rule").all()
+    assert v.detail.str.contains("0.025 > tolerance 0.0156").all()
+    v = verdicts_of("kimi_1.05x_vllm_rotary_qkv", {"microbench": micro_rows, "correctness": correctness(True)})
+    assert not v.peer_fails_float64.any() and not v.detail.str.contains("float64").any()
+
+
 def test_warm_rows_do_not_answer_cold_targets():
     tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_packed_qk": 100.0},
                                   mode="cudagraph_warm", in_place=PLACE)}

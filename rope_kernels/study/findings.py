@@ -26,7 +26,7 @@ DEVICE = "nvidia-h200"
 
 # How known variants are named in tables, in display order; others follow by name.
 LABELS = {
-    "vllm_packed_qk": "vLLM 0.33 `packed_qk_rope_`",
+    "vllm_packed_qk": "vLLM `packed_qk_rope_`",
     "sglang_kimi_k25": "SGLang Kimi-K2.5 path (JIT CUDA)",
     "sglang_vision": "SGLang `vision_rope` (Triton)",
     "flashinfer": "FlashInfer",
@@ -53,7 +53,7 @@ DESCRIPTIONS = {
 OURS = ("fused", "fused_inplace")
 ENCODER_ORDER = ("native", "vllm_merged", "vllm_packed_qk", "sglang_kimi_k25", "sglang_vision", "flashinfer",
                  "quack_qkv", "fused", "fused_inplace", "gemm_epilogue", "gemm_epilogue_cute", "none")
-ENCODER_LABELS = {"vllm_merged": "vllm_merged (merged PR path)", "vllm_packed_qk": "vllm_packed_qk (vLLM 0.33)",
+ENCODER_LABELS = {"vllm_merged": "vllm_merged (merged PR path)", "vllm_packed_qk": "vllm_packed_qk (vLLM)",
                   "fused": "fused (ours)", "fused_inplace": "fused in place (ours)",
                   "gemm_epilogue": "gemm_epilogue (ours, RoPE in the QKV GEMM)",
                   "gemm_epilogue_cute": "gemm_epilogue_cute (ours, RoPE in our CuTe DSL QKV GEMM)",
@@ -305,7 +305,7 @@ def pr_section(files: dict) -> list[str]:
         ours = like_for_like(cold, "vllm_packed_qk") if "vllm_packed_qk" in set(cold["variant"]) else None
         ratio = [times[("vllm_packed_qk", *k[1:])] / times[(ours, *k[1:])] for k in times
                  if k[0] == "vllm_packed_qk" and ours and (ours, *k[1:]) in times]
-        text += (f"; there vLLM 0.33's time over ours (`{ours}`) is {span(ratio, '{:.3f}')}" if ratio else "") + "."
+        text += (f"; there vLLM's `packed_qk_rope_` time over ours (`{ours}`) is {span(ratio, '{:.3f}')}" if ratio else "") + "."
     return [text]
 
 

@@ -379,6 +379,27 @@ def _why_absent(tables: dict, variant: str, shape: tuple) -> str:
     return f": {hit.iloc[0]}" if len(hit) else ""
 
 
+def _fails_float64(tables: dict, variant: str, shape: tuple) -> str:
+    """"; <why>" where the bf16 correctness rows of ``variant`` at this head_dim say it ran
+    and failed the float64 rule (error above ~2x the native path's), else "": a peer that
+    is faster by being less accurate carries that beside its time."""
+    c = tables.get("correctness", pd.DataFrame())
+    need = {"variant", "head_dim", "passed", "supported", "max_abs_err", "tolerance"}
+    if c.empty or not need <= set(c.columns):
+        return ""
+    rows = c[(c["variant"] == variant) & (c["head_dim"] == shape[-1])]
+    if "dtype" in rows.columns:
+        rows = rows[rows["dtype"] == "bfloat16"]
+    ran = rows[rows["supported"].map(_truthy) == True]  # noqa: E712 - a column of flags
+    failed = ran[ran["passed"].map(_truthy) == False]  # noqa: E712
+    if failed.empty:
+        return ""
+    worst = failed.loc[(failed["max_abs_err"] / failed["tolerance"]).idxmax()]
+    return (f"; {variant} fails the float64 rule at head_dim {shape[-1]} bf16 in {len(failed)} of "
+            f"{len(ran)} correctness rows (max error {float(worst['max_abs_err']):.3g} > "
+            f"tolerance {float(worst['tolerance']):.3g})")
+
+
 def _time_ratio(target: Target, tables: dict) -> list[dict]:
     out = []
     for mode in target.modes:
@@ -413,7 +434,9 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
             # higher is better here: the peer at its fast end (p20) over ours at its slow end (p80)
             band = _ratio(p20s.get((target.against, *shape)), p80s.get((ours, *shape)))
             verdict = judge_banded(target, ratio, band)
-            detail = f"{target.against} {peer_t:.1f} us, {ours} {our_t:.1f} us" + _band_words(band)
+            inexact = _fails_float64(tables, target.against, shape)
+            detail = (f"{target.against} {peer_t:.1f} us, {ours} {our_t:.1f} us" + _band_words(band)
+                      + inexact)
             copy_t = copies.get((ours, *shape), float("nan"))
             limit = peer_t / copy_t if math.isfinite(copy_t) and copy_t > 0 else float("nan")
             out_of_reach = verdict == "missed" and op_ok(target, limit) is False
@@ -422,7 +445,7 @@ def _time_ratio(target: Target, tables: dict) -> list[dict]:
                            f"{limit:.3f}x {target.against}")
             out.append(_verdict_row(target, mode, text, ours, ratio, verdict, detail,
                                     in_place=peer_inplace, limit=limit, out_of_reach=out_of_reach,
-                                    band_value=band))
+                                    band_value=band, peer_fails_float64=bool(inexact)))
     return out
 
 
