@@ -117,6 +117,22 @@ def fastest_copy(timings: dict, inplace: bool) -> tuple[float, str]:
     return timing.median_us, label
 
 
+def _packed_sets(arg_sets):
+    """(qkv, freqs_cis, cos, sin) per (xq, xk, freqs_cis) set: the packed buffer q and k
+    slice, and freqs_cis's cos/sin views, as a layer hands them to ``Variant.packed``."""
+    from rope_kernels.kernels.checks import packed_qkv_of
+    from rope_kernels.kernels.reference import cos_sin_views
+
+    return [(packed_qkv_of(xq, xk, "the host-time loop"), f, *cos_sin_views(f))
+            for xq, xk, f in arg_sets]
+
+
+def _packed_call(variant: Variant):
+    def call(qkv, freqs_cis, cos, sin):
+        return variant.packed(qkv, freqs_cis, cos, sin)
+    return call
+
+
 def bench_shape(
     variants: Sequence[Variant],
     shape: Shape,
@@ -144,7 +160,8 @@ def bench_shape(
     ``same_bytes_copy_p20_us``/``_p80_us`` give its noise band), and
     ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
     copying the bytes). ``host_us`` (with ``host_p20_us``/``host_p80_us``) is the host
-    time of one eager call (``timing.host_time_us``, loops of ``host_calls`` calls)."""
+    time of one eager ``Variant.packed`` call (``timing.host_time_us``, loops of
+    ``host_calls`` calls)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -164,12 +181,16 @@ def bench_shape(
             fns[copy_name(inplace, tiling.label)] = (_copy_fn(inplace, tiling), copy_sets[inplace])
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
     # host time per eager call (a loop of calls that never waits for the device): what a
-    # call costs where the GPU work is small, as in vLLM's eager vision tower. Rows of
-    # every mode carry it; on the CPU it includes the interpreter's work (one call).
+    # call costs where the GPU work is small, as in vLLM's eager vision tower. Called as
+    # the encoder calls it (``Variant.packed`` on the layer's packed qkv, cos/sin views
+    # made once per forward), so an engine's kernel is timed without this project's
+    # argument checks around it. Rows of every mode carry it; on the CPU it includes
+    # the interpreter's work (one call).
     on_gpu = device.type == "cuda"
     host_calls = HOST_CALLS if on_gpu else 1
-    hosts = {v.name: host_time_us(v, fns[v.name][1], calls=host_calls, repeats=5 if on_gpu else 1,
-                                  warmup=3 if on_gpu else 0) for v in variants}
+    hosts = {v.name: host_time_us(_packed_call(v), _packed_sets(fns[v.name][1]), calls=host_calls,
+                                  repeats=5 if on_gpu else 1, warmup=3 if on_gpu else 0)
+             for v in variants}
     rows = []
     for mode in modes:
         order_seed = f"{seed}/{shape.tokens}x{shape.heads}x{shape.head_dim}/{dtype_name(dtype)}/{mode}"
