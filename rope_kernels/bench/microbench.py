@@ -17,6 +17,9 @@ from rope_kernels.bench.timing import (cold_set_count, host_time_us, peak_memory
                                        time_rounds)
 from rope_kernels.variants import Variant, get_variant
 
+import triton  # noqa: E402  (after rope_kernels.kernels.checks chose compiler or interpreter)
+import triton.language as tl  # noqa: E402
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -117,6 +120,20 @@ def fastest_copy(timings: dict, inplace: bool) -> tuple[float, str]:
     return timing.median_us, label
 
 
+@triton.jit
+def _launch_floor_kernel(flag_ptr):
+    """One program that stores one int: what a launch alone costs in the same rounds."""
+    tl.store(flag_ptr, 1)
+
+
+LAUNCH_FLOOR = "launch_floor"  # its timing name in the rounds
+
+
+def launch_floor(flag: torch.Tensor) -> None:
+    """Launch the one-program kernel on a one-element int32 ``flag``."""
+    _launch_floor_kernel[(1,)](flag)
+
+
 def _packed_sets(arg_sets):
     """(qkv, freqs_cis, cos, sin) per (xq, xk, freqs_cis) set: the packed buffer q and k
     slice, and freqs_cis's cos/sin views, as a layer hands them to ``Variant.packed``."""
@@ -161,7 +178,8 @@ def bench_shape(
     ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
     copying the bytes). ``host_us`` (with ``host_p20_us``/``host_p80_us``) is the host
     time of one eager ``Variant.packed`` call (``timing.host_time_us``, loops of
-    ``host_calls`` calls)."""
+    ``host_calls`` calls). ``launch_floor_us``: a one-program Triton kernel storing one int,
+    timed in the same rounds (the part of a call that is launch alone)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -179,6 +197,11 @@ def bench_shape(
     for inplace in sorted({v.inplace for v in variants}):
         for tiling in tilings:
             fns[copy_name(inplace, tiling.label)] = (_copy_fn(inplace, tiling), copy_sets[inplace])
+    # the launch floor: a one-program kernel (one int stored) timed in the same rounds; at a
+    # launch-bound shape (1024 tokens: ~2-5 us calls) launch_floor_us over a variant's
+    # time says how much of its call is the launch itself
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    fns[LAUNCH_FLOOR] = (lambda *_args: launch_floor(flag), shared)
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
     # host time per eager call (a loop of calls that never waits for the device): what a
     # call costs where the GPU work is small, as in vLLM's eager vision tower. Called as
@@ -216,6 +239,7 @@ def bench_shape(
                 "same_bytes_copy_p20_us": copy.p20_us,
                 "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
+                "launch_floor_us": timed.timings[LAUNCH_FLOOR].median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
                 "host_us": hosts[variant.name].median_us,
                 "host_p20_us": hosts[variant.name].p20_us,
