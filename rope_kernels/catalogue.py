@@ -72,7 +72,7 @@ _ENTRIES: list[Entry] = [
           ("rope", "encoder"), inplace=True,
           description="vLLM's bundled flash-attention `apply_rotary_emb_qkv_`, in place on the packed qkv, "
                       "cos/sin in the data's dtype"),
-    Entry("tokenspeed_qkv", "tokenspeed `packed_qkv_complex_rotary`", "engine", "#e6550d",
+    Entry("tokenspeed_qkv", "tokenspeed `packed_qkv_complex_rotary`", "engine", "#66c2a5",
           ("rope", "encoder"),
           description="tokenspeed-kernel's `packed_qkv_complex_rotary` (Triton, stock Triton here): packed qkv "
                       "in, contiguous q/k out"),
