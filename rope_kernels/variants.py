@@ -38,7 +38,6 @@ from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
 from rope_kernels.peers.cache import sha256_file
-from rope_kernels.peers.prepared import prepared_per_freqs
 from rope_kernels.vocabulary import (  # noqa: F401
     IN_PLACE_VARIANTS,
     KNOWN_VARIANTS,
@@ -111,18 +110,18 @@ class Variant:
 def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
     """The fused kernel reading cos/sin straight out of freqs_cis (no copy).
 
-    The cos/sin views are made once per freqs_cis tensor (``prepared_per_freqs``); on a
-    layout ``fused_qk_rope`` has checked before, the call goes its planned way, whose key
-    covers every check made here (cos's shape is freqs_cis's, its dtype fp32 only from a
-    complex64, its device)."""
+    On a layout ``fused_qk_rope`` has checked before, the call goes its planned way, whose
+    key covers every check made here (cos's shape is freqs_cis's, its dtype fp32 only from
+    a complex64, its device). The views are made per call: a table of them would hold every
+    freqs_cis alive (a view keeps its base)."""
     if type(freqs_cis) is torch.Tensor and freqs_cis.dtype is torch.complex64:
-        cos, sin = prepared_per_freqs(freqs_cis, "cos_sin_views", cos_sin_views)
+        cos, sin = cos_sin_views(freqs_cis)
         done = planned_call(xq, xk, cos, sin, inplace)
         if done is not None:
             return done
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
-    cos, sin = prepared_per_freqs(freqs_cis, "cos_sin_views", cos_sin_views)
+    cos, sin = cos_sin_views(freqs_cis)
     return fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
 
 

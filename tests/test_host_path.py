@@ -102,3 +102,18 @@ def test_direct_launches_match_float64_on_the_gpu():
             assert max_abs_error(out, ref) <= tol, (name, call)
         plans = [p for p in fused._PLANS.values() if p.grid is not None]
         assert plans and all(p.compiled is not None for p in plans)
+
+
+def test_the_planned_path_keeps_no_tensor_alive(device):
+    """Plans hold layouts, never tensors: a freqs_cis (and its q/k) dropped by the caller
+    is freed although its layout's plan stays."""
+    import gc
+    import weakref
+
+    inp = make_inputs(5, 2, 8, torch.bfloat16, device, seed=6)
+    for _ in range(2):
+        VARIANTS["fused"](inp.xq, inp.xk, inp.freqs_cis)
+    refs = [weakref.ref(t) for t in (inp.freqs_cis, inp.qkv)]
+    del inp
+    gc.collect()
+    assert fused._PLANS and all(r() is None for r in refs)
