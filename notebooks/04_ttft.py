@@ -262,7 +262,7 @@ else:
 # ## Against what the engines ship, and RoPE inside the QKV projection
 #
 # Per round, how much faster each variant ran than another in the same round (median
-# [p20, p80] over rounds): the fused encoder against vLLM 0.33's in-place path
+# [p20, p80] over rounds): the fused encoder against vLLM's in-place path
 # (`vllm_packed_qk`), SGLang's, and the merged PR path; `gemm_epilogue` (RoPE in the QKV
 # GEMM's epilogue, our Triton kernel) and `gemm_epilogue_cute` (our CuTe DSL kernel, sm_90
 # only) against the floor (RoPE skipped) and against fused, out of and in place; and
@@ -410,7 +410,7 @@ ttft.pivot_table(index=["resolution", "images"], columns=["encoder_policy", "var
 #
 # Judged from this run's rows by `rope_kernels.study.targets` (one tested table of every target;
 # `python -m rope_kernels targets` prints it for the committed data): at 16 x 1024x1024, in both
-# modes, the encoder with our RoPE faster than with vLLM 0.33's per round (p20 above zero, our
+# modes, the encoder with our RoPE faster than with vLLM's per round (p20 above zero, our
 # in-place kernel against its in-place one), at least 7% faster than native, RoPE's cost at most
 # 1.2x (notebook) and 1.1x (issue 17) its physical minimum, and RoPE in the QKV GEMM (the faster
 # of `gemm_epilogue` and `gemm_epilogue_cute` by median) faster than fused and within 0.3% of the

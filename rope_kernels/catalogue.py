@@ -92,6 +92,17 @@ _ENTRIES: list[Entry] = [
     Entry("gemm_epilogue_quack", "RoPE in QuACK's GEMM", "engine", "#4d004b", ("encoder",), peer=True),
     Entry("quack_gemm_rope", "QuACK GEMM + RoPE epilogue", "engine", "#c51b7d", ("qkv",), peer=True),
     Entry("quack_gemm", "QuACK GEMM (no RoPE)", "engine", "#de77ae", ("qkv",), peer=True),
+    Entry("vllm_rotary_qkv", "vLLM flash-attn `apply_rotary_emb_qkv_`", "engine", "#393b79",
+          ("rope", "encoder"), inplace=True,
+          description="vLLM's bundled flash-attention `apply_rotary_emb_qkv_`, in place on the packed qkv, "
+                      "cos/sin in the data's dtype", peer=True, contender=True),
+    Entry("tokenspeed_qkv", "tokenspeed `packed_qkv_complex_rotary`", "engine", "#66c2a5",
+          ("rope", "encoder"),
+          description="tokenspeed-kernel's `packed_qkv_complex_rotary` (Triton, stock Triton here): packed qkv "
+                      "in, contiguous q/k out", peer=True, contender=True),
+    Entry("transformer_engine", "TransformerEngine fused RoPE", "engine", "#b5cf6b",
+          description="TransformerEngine `apply_rotary_pos_emb(interleaved=True)`: recorded as not run "
+                      "(no route onto the device)", peer=True),
     # -- baselines --------------------------------------------------------------------------
     Entry("native", "native (PyTorch complex)", "baseline", "#222222", ("rope", "encoder")),
     Entry("compiled", "torch.compile", "baseline", "#2ca02c",

@@ -9,8 +9,9 @@ buffer and return its views). Beside each: the kernel launches one call makes
 a GPU), the dtypes and layouts it supports, and for other people's code the package,
 version and sha256 of the file it runs (empty for this project's own variants).
 
-Peers run from their own packages: vLLM 0.33.0 and SGLang 0.5.23 files from the
-installed engine or the pinned cache (``python -m rope_kernels peers fetch``);
+Peers run from their own packages: vLLM 0.34.0, SGLang 0.5.23 and tokenspeed-kernel
+0.1.4 files from the installed engine or the pinned cache (``python -m rope_kernels
+peers fetch``);
 SGLang's Kimi-K2.5 CUDA path and FlashInfer 0.7.4 from pinned trees of their wheels
 in the same cache, JIT-compiled through tvm-ffi on a CUDA device; QuACK where it is
 installed (an air-gapped GPU node: ``tools/device_setup.sh``); Liger and
@@ -32,6 +33,7 @@ import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
+from rope_kernels.kernels.fused import _planned_call as planned_call
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
@@ -106,7 +108,17 @@ class Variant:
 
 
 def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
-    """The fused kernel reading cos/sin straight out of freqs_cis (no copy)."""
+    """The fused kernel reading cos/sin straight out of freqs_cis (no copy).
+
+    On a layout ``fused_qk_rope`` has checked before, the call goes its planned way, whose
+    key covers every check made here (cos's shape is freqs_cis's, its dtype fp32 only from
+    a complex64, its device). The views are made per call: a table of them would hold every
+    freqs_cis alive (a view keeps its base)."""
+    if type(freqs_cis) is torch.Tensor and freqs_cis.dtype is torch.complex64:
+        cos, sin = cos_sin_views(freqs_cis)
+        done = planned_call(xq, xk, cos, sin, inplace)
+        if done is not None:
+            return done
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     cos, sin = cos_sin_views(freqs_cis)
@@ -142,14 +154,28 @@ class PeerStatus:
 
 def _engine_peers(status: list[PeerStatus]) -> list[Variant]:
     """vLLM and SGLang from their files (installed or cached), when those check out."""
-    from rope_kernels.peers import sglang, vllm
+    from rope_kernels.peers import sglang, tokenspeed, vllm
 
     specs = [
         (vllm.packed_qk_source, Variant(
             "vllm_packed_qk", vllm.vllm_packed_qk_rope, 1, 1,
-            "vLLM 0.33.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
+            "vLLM 0.34.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
             inplace=True, packed_fn=vllm.vllm_packed_qk_packed, packed_only=True,
             triton_kernels=("_packed_qk_rope_kernel",))),
+        (vllm.rotary_qkv_source, Variant(
+            "vllm_rotary_qkv", vllm.vllm_rotary_qkv_rope, 1, 1,
+            "vLLM 0.34.0's bundled flash-attention apply_rotary_emb_qkv_(interleaved=True): "
+            "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
+            "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
+            inplace=True, packed_fn=vllm.vllm_rotary_qkv_packed, packed_only=True,
+            triton_kernels=("rotary_kernel",))),
+        (tokenspeed.qkv_rotary_source, Variant(
+            "tokenspeed_qkv", tokenspeed.tokenspeed_qkv_rope, 1, 1,
+            "tokenspeed-kernel 0.1.4 packed_qkv_complex_rotary: one Triton launch (16 tokens "
+            "x one head a program) from the packed qkv and complex freqs_cis, contiguous q/k "
+            "out; run on stock Triton (its _triton indirection pointed at triton)",
+            packed_fn=tokenspeed.tokenspeed_qkv_packed, packed_only=True,
+            triton_kernels=("_packed_qkv_complex_rotary_kernel",))),
         (vllm.rotary_source, Variant(
             "vllm_merged", vllm.vllm_merged_rope, 8, 4,
             "the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
@@ -234,6 +260,16 @@ def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
     return out
 
 
+# TransformerEngine 2.20.2's interleaved fused RoPE (apply_rotary_pos_emb(...,
+# interleaved=True, fused=True)) has no route onto the study's devices: recorded, not run.
+TRANSFORMER_ENGINE_ABSENT = (
+    "not run: transformer-engine 2.20.2's PyTorch binding (transformer-engine-torch) is "
+    "source-only on the index (a CUDA build against the node's torch), and the prebuilt "
+    "transformer-engine-cu12 wheel that exports its C API (nvte_fused_rope_forward) is about "
+    "729 MB, more than eleven times one device call's 64 MiB carry; no GPU node here has it "
+    "installed")
+
+
 def _catalogued_peers(status: list[PeerStatus], built: set[str]) -> list[Variant]:
     """Peers the catalogue names with a ``module`` (and this file does not build itself):
     that module's ``rope_variant(name)`` returns a dict of ``package`` (str),
@@ -307,6 +343,8 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
                                  "liger-kernel", "", "", ""))
     status.append(PeerStatus("compiled", True, "", "torch", torch.__version__, "", "installed"))
     variants += _optional_peers(status)
+    status.append(PeerStatus("transformer_engine", False, TRANSFORMER_ENGINE_ABSENT,
+                             "transformer-engine", "2.20.2", "", ""))
     variants += _catalogued_peers(status, {v.name for v in variants} | {s.name for s in status})
     return {v.name: v for v in variants}, status
 

@@ -22,7 +22,11 @@ from rope_kernels.bench.launches import count_launches
 from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.peers import cache
 
-ENGINE_PEERS = ("vllm_packed_qk", "vllm_merged", "sglang_vision")
+ENGINE_PEERS = ("vllm_packed_qk", "vllm_merged", "sglang_vision", "vllm_rotary_qkv", "tokenspeed_qkv")
+PIN_OF = {"vllm_packed_qk": "vllm", "vllm_merged": "vllm", "vllm_rotary_qkv": "vllm",
+          "sglang_vision": "sglang", "tokenspeed_qkv": "tokenspeed-kernel"}
+# rotates with cos/sin in the data's dtype (flash-attention's rotary asserts it)
+LOW_PRECISION_ANGLES = ("vllm_rotary_qkv",)
 CUDA_PEERS = ("sglang_kimi_k25", "flashinfer", "quack_qkv", "quack_rotary")  # JIT CUDA / CuTe DSL
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -45,9 +49,8 @@ def engine_peers():
 @pytest.mark.parametrize("name", ENGINE_PEERS)
 def test_peer_rows_carry_pinned_provenance(name, engine_peers):
     v = VARIANTS[name]
-    package = name.split("_")[0]
-    pin = cache.PINS[package]
-    assert v.peer_package == package
+    pin = cache.PINS[PIN_OF[name]]
+    assert v.peer_package == pin.package
     if next(r for r in peer_status() if r["name"] == name)["origin"] == "cache":
         assert v.peer_version == pin.version
         assert v.peer_sha256 in pin.files.values()
@@ -66,8 +69,28 @@ def test_peer_matches_float64_or_says_why_not(name, dtype, shape, engine_peers, 
     if name == "sglang_vision" and dtype == torch.float32:
         assert not res.supported and "bfloat16" in res.reason and not res.passed
         return
+    if name in LOW_PRECISION_ANGLES and dtype != torch.float32:
+        return  # judged against its own rule below (its error is its bf16/fp16 cos/sin's)
     assert res.supported and res.passed, res
     assert res.peer_package == VARIANTS[name].peer_package and res.peer_sha256
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_flash_attention_rotary_error_is_that_of_its_rounded_angles(dtype, engine_peers, device):
+    """vllm_rotary_qkv takes cos/sin in the data's dtype: its result is the float64
+    rotation by the rounded cos/sin, to within the rounding of one output. The
+    correctness rows judge it against the exact angles, so that error is its own."""
+    from rope_kernels.correctness import max_abs_error
+    from rope_kernels.kernels.reference import rope_reference
+
+    inp = make_inputs(9, 3, 72, dtype, device, seed=11)
+    rounded = torch.complex(inp.freqs_cis.real.to(dtype).float(), inp.freqs_cis.imag.to(dtype).float())
+    ref_rounded = rope_reference(inp.xq, inp.xk, rounded)
+    xq, xk = inp.xq.clone(), inp.xk.clone()  # the inputs' values, for the references
+    out = VARIANTS["vllm_rotary_qkv"](inp.xq, inp.xk, inp.freqs_cis)
+    ulp = max(r.abs().max().item() for r in ref_rounded) * torch.finfo(dtype).eps
+    assert max_abs_error(out, ref_rounded) <= ulp, (max_abs_error(out, ref_rounded), ulp)
+    assert not torch.equal(xq, out[0])  # rotated in place: the caller's q changed
 
 
 def test_unsupported_layout_is_recorded(engine_peers, device):
@@ -92,6 +115,9 @@ def test_peer_launch_counts(name, dtype, engine_peers, device):
     if v.unsupported(dtype):
         pytest.skip(v.unsupported(dtype))
     inp = make_inputs(6, 2, 8, dtype, device)
+    # one call first, as the profiler's warm-up does: tables a peer builds once per
+    # freqs_cis (vllm_rotary_qkv's cos/sin in the data's dtype) are not per-call work
+    v(inp.xq, inp.xk, inp.freqs_cis)
     total, counts = count_launches(v, inp.xq, inp.xk, inp.freqs_cis)
     assert total == v.launch_count(dtype), counts
     assert {k.removeprefix("triton:") for k in counts if k.startswith("triton:")} \
@@ -215,9 +241,21 @@ def test_fetch_rejects_a_wheel_that_is_not_the_pinned_one(tmp_path):
 
 
 def test_loading_leaves_no_fake_engine_in_sys_modules(engine_peers):
-    """The vllm.triton_utils shim exists only while packed_qk_rope.py is imported."""
+    """The vllm.triton_utils shim exists only while packed_qk_rope.py is imported, the
+    tokenspeed_kernel._triton one (stock Triton for its fork) while qkv_rotary.py is."""
     if cache.installed_version("vllm") is None:
         assert "vllm" not in sys.modules and "vllm.triton_utils" not in sys.modules
+    if cache.installed_version("tokenspeed-kernel") is None:
+        assert "tokenspeed_kernel" not in sys.modules
+        assert "tokenspeed_kernel._triton" not in sys.modules
+    if cache.installed_version("einops") is None:
+        assert "einops" not in sys.modules
+
+
+def test_transformer_engine_is_recorded_with_why_it_did_not_run():
+    row = next(r for r in peer_status() if r["name"] == "transformer_engine")
+    assert not row["available"] and "transformer_engine" not in VARIANTS
+    assert row["package"] == "transformer-engine" and "64 MiB" in row["reason"]
 
 
 # -- what runs is what was checked ----------------------------------------------------

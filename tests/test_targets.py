@@ -20,8 +20,9 @@ def target(tid: str) -> Target:
 
 
 def micro(times: dict[str, float | dict], *, mode="cudagraph", shapes=KIMI_SHAPES, in_place=None,
-          nbytes=None) -> pd.DataFrame:
-    """Microbench rows: variant -> one median (us) for every shape, or {shape: us}."""
+          nbytes=None, bands=None) -> pd.DataFrame:
+    """Microbench rows: variant -> one median (us) for every shape, or {shape: us};
+    ``bands``: variant -> (p20, p80) as fractions of the median (default: no spread)."""
     rows = []
     for variant, t in times.items():
         for shape in shapes:
@@ -31,6 +32,8 @@ def micro(times: dict[str, float | dict], *, mode="cudagraph", shapes=KIMI_SHAPE
             row = {"variant": variant, "tokens": shape[0], "heads": shape[1], "head_dim": shape[2],
                    "dtype": "bfloat16", "mode": mode, "median_us": us, "copy_gbps": CEILING,
                    "bytes": nbytes if nbytes is not None else 1.0e6}
+            lo, hi = (bands or {}).get(variant, (1.0, 1.0))
+            row["p20_us"], row["p80_us"] = us * lo, us * hi
             if in_place is not None:
                 row["in_place"] = in_place[variant]
             rows.append(row)
@@ -55,6 +58,41 @@ def test_boundary_is_exact_1_0483_misses_1_05():
     tables = {"microbench": micro({"fused": 100.0, "fused_inplace": 100.0, "sglang_vision": 105.0},
                                   in_place=PLACE)}
     assert set(verdicts_of("kimi_1.05x_sglang_vision", tables).verdict) == {"met"}  # >= is inclusive
+
+
+def test_a_ratio_is_met_only_beyond_the_noise_bands():
+    """The issue-35 rule on synthetic rows: met when the peer's p20 over our p80 meets
+    the threshold, within noise when only the medians do, missed when they do not."""
+    base = {"fused": 100.0, "fused_inplace": 100.0, "sglang_vision": 110.0}  # medians: 1.10x
+    cases = {"met": {"fused": (0.99, 1.02), "sglang_vision": (0.98, 1.01)},  # 107.8 / 102 = 1.057
+             "within noise": {"fused": (0.99, 1.06), "sglang_vision": (0.98, 1.01)}}  # 107.8/106 = 1.017
+    for expected, bands in cases.items():
+        v = verdicts_of("kimi_1.05x_sglang_vision",
+                        {"microbench": micro(base, in_place=PLACE, bands=bands)})
+        assert set(v.verdict) == {expected}, (expected, v.detail.iloc[0])
+        assert v.value.iloc[0] == pytest.approx(1.10)  # the value shown is still the medians'
+    assert v.band_value.iloc[0] == pytest.approx(107.8 / 106)
+    assert "beyond noise" in v.detail.iloc[0]
+    # medians that miss are missed, however wide the bands (the peer's p80 over our p20 passes)
+    wide = {"fused": (0.8, 1.2), "sglang_vision": (0.8, 1.2)}
+    v = verdicts_of("kimi_1.05x_sglang_vision",
+                    {"microbench": micro(dict(base, sglang_vision=104.0), in_place=PLACE, bands=wide)})
+    assert set(v.verdict) == {"missed"}
+    # rows without p20/p80 cannot show a pass beyond noise
+    rows = micro(base, in_place=PLACE).drop(columns=["p20_us", "p80_us"])
+    v = verdicts_of("kimi_1.05x_sglang_vision", {"microbench": rows})
+    assert set(v.verdict) == {"within noise"} and v.detail.str.contains("no p20/p80").all()
+
+
+def test_the_issue_35_cases_turn_within_noise():
+    """vLLM 2x at 43808 x 16 read 1.987 on the bands: medians 2.0x pass, bands do not."""
+    shape = (43808, 16, 72)
+    tables = {"microbench": micro({"fused": 100.0, "fused_inplace": 100.0, "vllm_packed_qk": 205.0},
+                                  shapes=[shape], in_place=PLACE,
+                                  bands={"fused_inplace": (0.99, 1.03), "vllm_packed_qk": (0.998, 1.004)})}
+    v = verdicts_of("vllm_2x_16_heads", tables)
+    row = v[v["shape"] == "43808x16x72"].iloc[0]
+    assert row.verdict == "within noise" and row.band_value == pytest.approx(205 * 0.998 / 103)
 
 
 def test_faster_is_strict():
@@ -103,7 +141,8 @@ def test_missing_rows_are_not_measured_shape_by_shape():
     tables = {"microbench": micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_packed_qk": some},
                                   in_place=PLACE)}
     v = verdicts_of("vllm_2x_16_heads", tables)
-    assert v.verdict.tolist() == ["met", "met", "not measured", "not measured"]
+    assert v.verdict.tolist() == ["met", "met"] + ["not measured"] * (len(v) - 2)
+    assert len(v) == 5  # 16 heads at the five Kimi token counts
     assert overall(v.verdict) == "not measured"
     # No rows at all: every target still yields rows, all not measured.
     v = evaluate({})
@@ -130,6 +169,23 @@ def test_a_peer_without_rows_says_why_where_its_correctness_rows_do():
     assert all(d.endswith(why) and d.startswith("no flashinfer row") for d in v.detail)
     v = verdicts_of("kimi_1.05x_flashinfer", {"microbench": tables["microbench"]})
     assert set(v.detail) == {"no flashinfer row"}
+
+
+def test_a_peer_that_fails_float64_carries_it_beside_its_time():
+    """vllm_rotary_qkv rotates with bf16 cos/sin: where its correctness rows failed the
+    float64 rule, every ratio against it says so (and by how much); where they passed, not."""
+    def correctness(passed):
+        return pd.DataFrame([{"variant": "vllm_rotary_qkv", "tokens": 4099, "heads": 16, "head_dim": 72,
+                              "dtype": "bfloat16", "supported": True, "passed": passed,
+                              "max_abs_err": 0.025 if not passed else 0.01, "tolerance": 0.0156,
+                              "reason": ""}])
+    micro_rows = micro({"fused": 40.0, "fused_inplace": 40.0, "vllm_rotary_qkv": 100.0},
+                       in_place=dict(PLACE, vllm_rotary_qkv=True))
+    v = verdicts_of("kimi_1.05x_vllm_rotary_qkv", {"microbench": micro_rows, "correctness": correctness(False)})
+    assert v.peer_fails_float64.all() and v.detail.str.contains("fails the float64 rule").all()
+    assert v.detail.str.contains("0.025 > tolerance 0.0156").all()
+    v = verdicts_of("kimi_1.05x_vllm_rotary_qkv", {"microbench": micro_rows, "correctness": correctness(True)})
+    assert not v.peer_fails_float64.any() and not v.detail.str.contains("float64").any()
 
 
 def test_warm_rows_do_not_answer_cold_targets():
@@ -237,7 +293,17 @@ def test_encoder_floor_gap():
     rounds = {"none": [100.0] * 5, "gemm_epilogue": [99.5] * 5}
     v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
     row = v[v["mode"] == "cudagraph"].iloc[0]
-    assert row.verdict == "met" and row.detail.startswith("faster by 0.50% per round")
+    # two-sided: 0.5% under the floor is not near it either
+    assert row.verdict == "missed" and row.detail.startswith("faster by 0.50% per round")
+    rounds = {"none": [100.0] * 5, "gemm_epilogue": [99.8] * 5}
+    v = verdicts_of("gemm_epilogue_near_floor", {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["met"]
+    # median within +-0.3%, but a round's band reaches past it: within noise, on either side
+    for mine in ([100.0, 100.1, 100.2, 100.6, 100.7], [100.0, 99.9, 99.8, 99.4, 99.3]):
+        rounds = {"none": [100.0] * 5, "gemm_epilogue": mine}
+        v = verdicts_of("gemm_epilogue_near_floor",
+                        {"encoder": encoder({"none": 1, "gemm_epilogue": 1}, rounds)})
+        assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["within noise"], mine
 
 
 def test_gemm_epilogue_targets_take_the_faster_of_our_two_kernels():
@@ -257,11 +323,17 @@ def test_gemm_epilogue_targets_take_the_faster_of_our_two_kernels():
     assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["not measured"]
 
 
-def test_encoder_saving_by_medians_exact_boundary():
+def test_encoder_saving_on_per_round_pairs():
+    native = [100.0] * 5
+    cases = {"met": [93.0] * 5,                                  # 7.00% every round
+             "within noise": [92.0, 92.5, 93.0, 93.5, 94.0],     # median 7.0%, p20 6.4%
+             "missed": [93.05] * 5}
+    for expected, fused in cases.items():
+        rounds = {"native": native, "fused": fused}
+        v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.0}, rounds)})
+        assert v[v["mode"] == "cudagraph"].verdict.tolist() == [expected], expected
     v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.0})})
-    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["met"]
-    v = verdicts_of("encoder_saving_7pct", {"encoder": encoder({"native": 100.0, "fused": 93.05})})
-    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["missed"]
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["not measured"]  # no rounds, no pairs
 
 
 def test_encoder_cost_against_the_physical_minimum():
@@ -269,9 +341,38 @@ def test_encoder_cost_against_the_physical_minimum():
     from rope_kernels.bench.encoder_bench import rope_minimal_ms
     assert minimal == pytest.approx(rope_minimal_ms(87616, 16, 72, 27, 4000.0))
     for cost, expected in ((1.1 * minimal, "met"), (1.25 * minimal, "missed"), (0.9 * minimal, "within noise")):
-        tables = {"encoder": encoder({"none": 300.0, "fused": 300.0 + cost})}
+        rounds = {"none": [300.0] * 5, "fused": [300.0 + cost] * 5}
+        tables = {"encoder": encoder({"none": 300.0, "fused": 300.0 + cost}, rounds)}
         v = verdicts_of("encoder_cost_1.2x", tables)
         assert v[v["mode"] == "cudagraph"].verdict.tolist() == [expected]
+    # median cost 1.1x, but the rounds' p80 1.3x: within noise
+    costs = [1.0, 1.05, 1.1, 1.4, 1.5]
+    rounds = {"none": [300.0] * 5, "fused": [300.0 + c * minimal for c in costs]}
+    v = verdicts_of("encoder_cost_1.2x", {"encoder": encoder({"none": 300.0, "fused": 301.0}, rounds)})
+    assert v[v["mode"] == "cudagraph"].verdict.tolist() == ["within noise"]
+
+
+# --- host time per eager call -----------------------------------------------------------
+def test_host_time_target_judges_each_of_ours_beyond_noise():
+    shapes = [(1024, 16, 72)]
+    rows = micro({"fused": 20.0, "fused_inplace": 25.0, "vllm_packed_qk": 20.0}, shapes=shapes,
+                 in_place=PLACE)
+    rows["host_us"] = rows["variant"].map({"fused": 22.0, "fused_inplace": 23.0, "vllm_packed_qk": 19.0})
+    rows["host_p20_us"], rows["host_p80_us"] = rows["host_us"] * 0.99, rows["host_us"] * 1.01
+    def at_1024(tables):
+        v = verdicts_of("host_1.2x_vllm", tables)
+        assert len(v) == 2 * len(KIMI_SHAPES)  # each of ours on every Kimi shape
+        return v[v["shape"] == "1024x16x72"]
+
+    v = at_1024({"microbench": rows})
+    # fused 22/19 = 1.158, band 22.22/18.81 = 1.181: met; in place 23/19 = 1.21: missed
+    assert v.ours.tolist() == ["fused", "fused_inplace"]
+    assert v.verdict.tolist() == ["met", "missed"]
+    rows["host_p80_us"] = rows["host_us"] * 1.04  # 22.88 / 18.81 = 1.216: only the medians pass
+    v = at_1024({"microbench": rows})
+    assert v.verdict.tolist() == ["within noise", "missed"]
+    v = verdicts_of("host_1.2x_vllm", {"microbench": rows.drop(columns=["host_us"])})
+    assert set(v.verdict) == {"not measured"} and v.detail.str.contains("host_us").all()
 
 
 # --- QKV GEMM ---------------------------------------------------------------------------
@@ -280,9 +381,15 @@ def test_qkv_best_of_ours_against_cublas_plus_rope():
     for t in (21904, 43808, 87616):
         for v, us in (("cublas_linear", 100.0), ("cublas_linear+fused_rope", 120.0),
                       ("qkv_rope_linear", 130.0), ("qkv_rope_linear_angles", 119.0 if t != 87616 else 121.0)):
-            rows.append({"variant": v, "tokens": t, "mode": "cudagraph", "median_us": us})
+            rows.append({"variant": v, "tokens": t, "mode": "cudagraph", "median_us": us,
+                         "p20_us": us, "p80_us": us})
     v = verdicts_of("qkv_vs_cublas_fused_rope", {"qkv_gemm": pd.DataFrame(rows)})
     assert v.verdict.tolist() == ["met", "met", "missed"]
+    # lower is better: our p80 over the peer's p20; 119 +2% over 120 -0.5% = 1.017: within noise
+    banded = pd.DataFrame(rows).assign(
+        p80_us=lambda d: d.median_us * 1.02, p20_us=lambda d: d.median_us * 0.995)
+    v = verdicts_of("qkv_vs_cublas_fused_rope", {"qkv_gemm": banded})
+    assert v.verdict.tolist() == ["within noise", "within noise", "missed"]
     assert set(v.ours) == {"qkv_rope_linear_angles"}
     v = verdicts_of("qkv_vs_quack", {"qkv_gemm": pd.DataFrame(rows)})
     assert set(v.verdict) == {"not measured"}  # no quack_gemm_rope rows

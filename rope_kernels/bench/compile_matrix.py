@@ -119,6 +119,12 @@ def _launch_vllm_merged_recreated(tokens, heads, head_dim, dtype):
     apply_rotary_interleaved(q.float(), freqs_cis.real.contiguous(), freqs_cis.imag.contiguous())
 
 
+def _launch_floor(tokens, heads, head_dim, dtype):
+    from rope_kernels.bench.microbench import launch_floor
+
+    launch_floor(torch.empty(1, dtype=torch.int32, device="meta"))  # the shape is not read
+
+
 def _qkv_gemm_launch(use_tma: bool):
     """The Triton QKV GEMM (Kimi's 1152 -> 3 x heads x head_dim) as ``qkv_rope_linear``
     launches it: with TMA at the NVIDIA angles config (the persistent kernel the encoder's
@@ -189,6 +195,9 @@ KERNELS = (
     # only variant it launches, whatever the model's dtype.
     KernelEntry("vllm_merged_recreated", "rope_kernels.kernels.vllm_merged_recreated",
                 "_rotary_interleaved_kernel", _launch_vllm_merged_recreated, dtypes=("float32",)),
+    # the microbench's launch floor: a one-program kernel storing one int
+    KernelEntry("launch_floor", "rope_kernels.bench.microbench", "_launch_floor_kernel", _launch_floor,
+                dtypes=("bfloat16",), heads_by_head_dim={72: (16,)}),
     KernelEntry("qkv_gemm_pointers", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
                 _qkv_gemm_launch(use_tma=False), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),

@@ -13,8 +13,12 @@ from rope_kernels.provenance import provenance
 from rope_kernels.roofline import minimal_bytes  # noqa: F401  (its home: roofline.py)
 from rope_kernels.bench.same_bytes_copy import (same_bytes_copy, same_bytes_copy_inplace,
                                                 same_bytes_copy_tilings)
-from rope_kernels.bench.timing import cold_set_count, peak_memory_mb, time_fn, time_rounds
+from rope_kernels.bench.timing import (cold_set_count, host_time_us, peak_memory_mb, time_fn,
+                                       time_rounds)
 from rope_kernels.variants import Variant, get_variant
+
+import triton  # noqa: E402  (after rope_kernels.kernels.checks chose compiler or interpreter)
+import triton.language as tl  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -83,6 +87,9 @@ def rope_read_bytes(tokens: int, heads: int, head_dim: int, dtype: torch.dtype) 
 # same values, so the in-place copies share theirs). Each variant's row carries the
 # fastest copy that moves what it moves (``in_place`` pairs them) and its tiling.
 SAME_BYTES_COPY = "same_bytes_copy"
+# Calls per host-time loop on a GPU (five loops per variant and shape): enough to average
+# out the timer, few enough that even native's six launches a call fit the launch queue.
+HOST_CALLS = 100
 SAME_BYTES_COPY_INPLACE = "same_bytes_copy_inplace"
 
 
@@ -113,6 +120,36 @@ def fastest_copy(timings: dict, inplace: bool) -> tuple[float, str]:
     return timing.median_us, label
 
 
+@triton.jit
+def _launch_floor_kernel(flag_ptr):
+    """One program that stores one int: what a launch alone costs in the same rounds."""
+    tl.store(flag_ptr, 1)
+
+
+LAUNCH_FLOOR = "launch_floor"  # its timing name in the rounds
+
+
+def launch_floor(flag: torch.Tensor) -> None:
+    """Launch the one-program kernel on a one-element int32 ``flag``."""
+    _launch_floor_kernel[(1,)](flag)
+
+
+def _packed_sets(arg_sets):
+    """(qkv, freqs_cis, cos, sin) per (xq, xk, freqs_cis) set: the packed buffer q and k
+    slice, and freqs_cis's cos/sin views, as a layer hands them to ``Variant.packed``."""
+    from rope_kernels.kernels.checks import packed_qkv_of
+    from rope_kernels.kernels.reference import cos_sin_views
+
+    return [(packed_qkv_of(xq, xk, "the host-time loop"), f, *cos_sin_views(f))
+            for xq, xk, f in arg_sets]
+
+
+def _packed_call(variant: Variant):
+    def call(qkv, freqs_cis, cos, sin):
+        return variant.packed(qkv, freqs_cis, cos, sin)
+    return call
+
+
 def bench_shape(
     variants: Sequence[Variant],
     shape: Shape,
@@ -139,7 +176,10 @@ def bench_shape(
     timed in the same rounds; ``same_bytes_copy_tiling`` names the fastest and
     ``same_bytes_copy_p20_us``/``_p80_us`` give its noise band), and
     ``pct_of_same_bytes_copy`` is that time over the variant's (100: as fast as
-    copying the bytes)."""
+    copying the bytes). ``host_us`` (with ``host_p20_us``/``host_p80_us``) is the host
+    time of one eager ``Variant.packed`` call (``timing.host_time_us``, loops of
+    ``host_calls`` calls). ``launch_floor_us``: a one-program Triton kernel storing one int,
+    timed in the same rounds (the part of a call that is launch alone)."""
     device = torch.device(device)
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
@@ -157,7 +197,23 @@ def bench_shape(
     for inplace in sorted({v.inplace for v in variants}):
         for tiling in tilings:
             fns[copy_name(inplace, tiling.label)] = (_copy_fn(inplace, tiling), copy_sets[inplace])
+    # the launch floor: a one-program kernel (one int stored) timed in the same rounds; at a
+    # launch-bound shape (1024 tokens: ~2-5 us calls) launch_floor_us over a variant's
+    # time says how much of its call is the launch itself
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    fns[LAUNCH_FLOOR] = (lambda *_args: launch_floor(flag), shared)
     mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
+    # host time per eager call (a loop of calls that never waits for the device): what a
+    # call costs where the GPU work is small, as in vLLM's eager vision tower. Called as
+    # the encoder calls it (``Variant.packed`` on the layer's packed qkv, cos/sin views
+    # made once per forward), so an engine's kernel is timed without this project's
+    # argument checks around it. Rows of every mode carry it; on the CPU it includes
+    # the interpreter's work (one call).
+    on_gpu = device.type == "cuda"
+    host_calls = HOST_CALLS if on_gpu else 1
+    hosts = {v.name: host_time_us(_packed_call(v), _packed_sets(fns[v.name][1]), calls=host_calls,
+                                  repeats=5 if on_gpu else 1, warmup=3 if on_gpu else 0)
+             for v in variants}
     rows = []
     for mode in modes:
         order_seed = f"{seed}/{shape.tokens}x{shape.heads}x{shape.head_dim}/{dtype_name(dtype)}/{mode}"
@@ -183,7 +239,11 @@ def bench_shape(
                 "same_bytes_copy_p20_us": copy.p20_us,
                 "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
+                "launch_floor_us": timed.timings[LAUNCH_FLOOR].median_us,
                 "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
+                "host_us": hosts[variant.name].median_us,
+                "host_p20_us": hosts[variant.name].p20_us,
+                "host_p80_us": hosts[variant.name].p80_us, "host_calls": host_calls,
                 **variant.peer_columns,
             })
     del shared, fns

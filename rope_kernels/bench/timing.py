@@ -306,3 +306,37 @@ def peak_memory_mb(fn: Callable, args: tuple) -> float:
     peak = torch.cuda.max_memory_allocated(device) - base
     del out
     return peak / 1e6
+
+
+def host_time_us(fn: Callable, arg_sets: Sequence[tuple], *, calls: int = 200, repeats: int = 5,
+                 warmup: int = 3) -> Timing:
+    """Host time of one eager call: ``time.perf_counter`` around a Python loop of ``calls``
+    calls (rotating over ``arg_sets``) that never waits for the device, per call, median
+    and p20/p80 over ``repeats`` loops. The device drains between loops (untimed), so the
+    launch queue starts empty and the loop measures what the host spends per call: checks,
+    allocation, the launch itself; the GPU is not the bottleneck while a call's host time
+    exceeds its kernel time, or ``calls`` launches fit the queue (CUDA keeps about 1024).
+    On the CPU the calls run where they are issued, so the figure includes the work."""
+    for name, v in (("calls", calls), ("repeats", repeats)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not arg_sets:
+        raise ValueError("host_time_us needs at least one argument set")
+    device = _device_of(arg_sets[0])
+
+    def drain():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    n = len(arg_sets)
+    for i in range(warmup):
+        fn(*arg_sets[i % n])
+    per_call = []
+    for _ in range(repeats):
+        drain()
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(*arg_sets[i % n])
+        per_call.append((time.perf_counter() - start) * 1e6 / calls)
+    drain()
+    return summarize(per_call, "host_perf_counter", calls)

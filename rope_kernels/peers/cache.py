@@ -58,14 +58,18 @@ class PinnedWheel:
 
 PINS: dict[str, PinnedWheel] = {
     "vllm": PinnedWheel(
-        "vllm", "0.33.0", "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-        "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+        # 0.34.0: packed_qk_rope.py and ops/triton/rotary.py byte-identical to 0.33.0's
+        # (same sha256); its kimi_k25_vit.py only drops a torch.compile wrapper
+        "vllm", "0.34.0", "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+        "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
         "3.12", "manylinux_2_28_x86_64",
         {
             "vllm/model_executor/layers/rotary_embedding/packed_qk_rope.py":
                 "f712a22da06f28cc088d6f231b2107fe4a6dd9d8f93c2b1d3c48f7c85f5f38cc",
             "vllm/vllm_flash_attn/ops/triton/rotary.py":
                 "f1f4bf9a0b28cc544fa882b60628d74b8923e8b47e1f8438a7af43fa7b5061e4",
+            "vllm/vllm_flash_attn/layers/rotary.py":
+                "b826cc3339488815b26f974135a8f53d44149d019b4c82e1ad4240a6ec0e28c4",
         },
     ),
     "sglang": PinnedWheel(
@@ -75,6 +79,17 @@ PINS: dict[str, PinnedWheel] = {
         {
             "sglang/kernels/ops/attention/vision_rope.py":
                 "2062f059bf47e4f9ef89e89fa46560b4bdf87fd87732be23858db9fffc63d484",
+        },
+    ),
+    # cp311 only; its dependencies (torch 2.14, the tokenspeed-triton fork) are not
+    # installed: the one file runs on stock Triton (peers/tokenspeed.py)
+    "tokenspeed-kernel": PinnedWheel(
+        "tokenspeed-kernel", "0.1.4", "tokenspeed_kernel-0.1.4-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b",
+        "3.11", "manylinux_2_28_x86_64",
+        {
+            "tokenspeed_kernel/ops/attention/mha/_triton/qkv_rotary.py":
+                "f4ac71c33a33c04944fd534149257d937c32f5191b3a90f2c866aee130762af3",
         },
     ),
 }

@@ -1,9 +1,16 @@
-"""vLLM 0.33.0's own RoPE code for the Kimi-K2.5 vision tower, run from vLLM's files.
+"""vLLM 0.34.0's own RoPE code for the Kimi-K2.5 vision tower, run from vLLM's files.
 
-- ``packed_qk_rope_`` (``rotary_embedding/packed_qk_rope.py``): what vLLM 0.33.0's
-  ``kimi_k25_vit.py`` runs: one in-place Triton launch on the contiguous packed
-  (T, 3, H, D) qkv.
-- The path PR #50400 merged (and 0.33.0 keeps as the no-Triton fallback):
+- ``packed_qk_rope_`` (``rotary_embedding/packed_qk_rope.py``, byte-identical to
+  0.33.0's): what vLLM 0.34.0's ``kimi_k25_vit.py`` runs: one in-place Triton launch
+  on the contiguous packed (T, 3, H, D) qkv.
+- flash-attention's ``apply_rotary_emb_qkv_`` as vLLM bundles it
+  (``vllm_flash_attn/layers/rotary.py`` over ``ops/triton/rotary.py``), in place on
+  the packed qkv with ``interleaved=True``: one launch for q and k (the contiguous
+  qkv's q|k heads viewed as one tensor). Its kernel asserts cos/sin in x's dtype, so
+  on bf16 data cos and sin are bf16 (built once per freqs_cis, as an engine builds
+  them once per forward): that rounding is the peer's own, and the float64 rule
+  judges it as it is.
+- The path PR #50400 merged (and 0.33.0/0.34.0 keep as the no-Triton fallback):
   ``freqs_cis.real/.imag`` copied into contiguous fp32 cos/sin, then for q and for k
   ``ApplyRotaryEmb(is_neox_style=False, enable_fp32_compute=True)``, whose CUDA path
   upcasts x to fp32, calls the flash-attention Triton ``apply_rotary`` vLLM bundles
@@ -27,9 +34,11 @@ from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton
                                          check_writes_do_not_overlap_reads, packed_qkv_of,
                                          triton_interpreter_enabled)
 from rope_kernels.peers.cache import SourceFile, find_source, installed_version, load_module
+from rope_kernels.peers.prepared import prepared_per_freqs
 
 PACKED_QK_FILE = "vllm/model_executor/layers/rotary_embedding/packed_qk_rope.py"
 ROTARY_FILE = "vllm/vllm_flash_attn/ops/triton/rotary.py"
+ROTARY_LAYERS_FILE = "vllm/vllm_flash_attn/layers/rotary.py"
 
 
 def _triton_utils_shim() -> dict[str, types.ModuleType]:
@@ -81,7 +90,7 @@ def _check_freqs_contiguous(freqs_cis: torch.Tensor) -> None:
 
 def vllm_packed_qk_rope(xq: torch.Tensor, xk: torch.Tensor,
                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM 0.33.0 ``packed_qk_rope_`` on the qkv that xq/xk slice; returns xq, xk rotated."""
+    """vLLM's ``packed_qk_rope_`` on the qkv that xq/xk slice; returns xq, xk rotated."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     _check_freqs_contiguous(freqs_cis)
@@ -117,3 +126,65 @@ def vllm_merged_rope(xq: torch.Tensor, xk: torch.Tensor,
     sin = freqs_cis.imag.contiguous()
     return (_apply_rotary_emb_fp32(apply_rotary, xq, cos, sin),
             _apply_rotary_emb_fp32(apply_rotary, xk, cos, sin))
+
+
+def _einops_shim() -> dict[str, types.ModuleType]:
+    """layers/rotary.py imports ``einops.rearrange``/``repeat``; only its backward and
+    its non-qkv helpers use them. Where einops is absent (the CPU tier) a stand-in
+    that refuses to be called takes its place while the file loads."""
+    import importlib.util
+
+    if importlib.util.find_spec("einops") is not None:
+        return {}
+
+    def unused(*args, **kwargs):
+        raise NotImplementedError("einops is not installed: only apply_rotary_emb_qkv_'s "
+                                  "forward runs here")
+
+    einops = types.ModuleType("einops")
+    einops.rearrange = einops.repeat = unused
+    return {"einops": einops}
+
+
+@functools.cache
+def rotary_qkv_source() -> tuple[SourceFile, types.ModuleType]:
+    """``vllm_flash_attn/layers/rotary.py``; its ``from ..ops.triton.rotary import
+    apply_rotary`` resolves to the verified ops file loaded by ``rotary_source``
+    (the same private package, already in sys.modules)."""
+    _ops_src, ops = rotary_source()
+    src = find_source("vllm", ROTARY_LAYERS_FILE)
+    # ops.__name__: rope_kernels._peer.vllm_<ver>.vllm.vllm_flash_attn.ops.triton.rotary,
+    # what the relative import resolves to from this file's private name
+    return src, load_module(src, shims={**_einops_shim(), ops.__name__: ops})
+
+
+def _cos_sin_in(dtype: torch.dtype):
+    def build(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return freqs_cis.real.to(dtype).contiguous(), freqs_cis.imag.to(dtype).contiguous()
+    return build
+
+
+def vllm_rotary_qkv_packed(qkv, freqs_cis, cos=None, sin=None):
+    """``apply_rotary_emb_qkv_(qkv[None], cos, sin, interleaved=True)`` in place on the
+    packed (T, 3, H, D) qkv, cos/sin in qkv's dtype; returns its q, k, v views."""
+    module = rotary_qkv_source()[1]
+    cos_x, sin_x = prepared_per_freqs(freqs_cis, f"vllm_rotary_qkv/{qkv.dtype}",
+                                      _cos_sin_in(qkv.dtype))
+    with torch.no_grad():  # inference: the autograd Function records nothing
+        module.apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos_x, sin_x, interleaved=True)
+    return qkv.unbind(1)
+
+
+def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
+                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash-attention's ``apply_rotary_emb_qkv_`` (vLLM's copy) on the contiguous
+    packed qkv that xq/xk slice; returns xq, xk rotated in place."""
+    check_qk(xq, xk)
+    check_freqs_cis(freqs_cis, xq)
+    qkv = packed_qkv_of(xq, xk, "vllm_rotary_qkv")
+    if qkv.shape[-1] > 256:
+        raise ValueError(f"vllm_rotary_qkv supports head_dim <= 256 (flash-attention's "
+                         f"rotary asserts it), got {qkv.shape[-1]}")
+    check_triton_device(xq, "vllm_rotary_qkv")
+    vllm_rotary_qkv_packed(qkv, freqs_cis)
+    return xq, xk

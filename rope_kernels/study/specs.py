@@ -397,7 +397,9 @@ RESULT_FILES: dict[str, Table] = {
                                                   "pct_of_same_bytes_copy",
                                                   "same_bytes_copy_tiling",
                                                   "same_bytes_copy_p20_us",
-                                                  "same_bytes_copy_p80_us"),
+                                                  "same_bytes_copy_p80_us",
+                                                  "host_us", "host_p20_us", "host_p80_us",
+                                                  "host_calls", "launch_floor_us"),
                             derived={"in_place": _old_rows_in_place,
                                      "same_bytes_copy_tiling": _only_the_row_tiling},
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):

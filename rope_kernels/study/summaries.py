@@ -23,7 +23,7 @@ from rope_kernels.study import findings as F
 from rope_kernels.study import targets as T
 
 BIG = max(T.KIMI_TOKENS)  # 16 images of 1024x1024
-ONE_IMAGE = min(T.KIMI_TOKENS)
+ONE_IMAGE = T.KIMI_TOKENS[1]  # one image of 1024x1024
 KIMI_HEADS = 16
 # The RoPE each engine's Kimi-K2.5 vision tower calls today (STUDY_FACTS: vLLM 0.33's
 # kimi_k25_vit.py calls packed_qk_rope_; SGLang 0.5.23's tower its JIT CUDA rope).
