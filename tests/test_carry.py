@@ -156,3 +156,142 @@ def test_study_calls_refuses_a_bad_step_or_commit_before_doing_anything(args, sa
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+# -- bundle c: aiconfigurator-core with one system's tables ---------------------------------
+
+def _record_line(name: str, data: bytes) -> str:
+    import base64
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
+AIC_FILES = {
+    "aiconfigurator_core/__init__.py": b"__all__ = []\n",
+    "aiconfigurator_core/systems/h200_sxm.yaml": b"name: h200_sxm\n",
+    "aiconfigurator_core/systems/b200_sxm.yaml": b"name: b200_sxm\n",
+    "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    "aiconfigurator_core/systems/data/b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    # a name that starts like the kept system's is another system
+    "aiconfigurator_core/systems/data/h200_sxm_nvl/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(30),
+    "aiconfigurator_core/systems/data/l4/.gitkeep": b"",
+    "aiconfigurator_core-0.12.0.dist-info/METADATA": b"Name: aiconfigurator-core\nVersion: 0.12.0\n",
+}
+
+
+@pytest.fixture
+def fake_aic(tmp_path):
+    """A small wheel laid out like aiconfigurator-core's, with a RECORD, and its pin."""
+    record = "".join(_record_line(n, d) for n, d in AIC_FILES.items())
+    record += "aiconfigurator_core-0.12.0.dist-info/RECORD,,\n"
+    wheel = _wheel(tmp_path / "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
+                   AIC_FILES | {"aiconfigurator_core-0.12.0.dist-info/RECORD": record.encode()})
+    pin = carry.PinnedPeerWheel("aiconfigurator-core", "0.12.0", wheel.name, carry.sha256_file(wheel))
+    return tmp_path / "repo" / ".carry", wheel, pin
+
+
+def _listed(bundle: Path) -> dict[str, str]:
+    return {name: sha for sha, name in (line.split("  ", 1) for line in
+                                        (bundle / "SHA256SUMS.c").read_text().splitlines())}
+
+
+def test_aic_bundle_holds_the_wheels_files_less_other_systems_tables(fake_aic):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    bundle = out / "c"
+    listed = _listed(bundle)
+    data = sorted(n for n in listed if n.startswith(carry.AIC_DATA))
+    assert data == ["aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"]
+    # the other systems' small yaml files stay (aiconfigurator reads every one of them)
+    assert "aiconfigurator_core/systems/b200_sxm.yaml" in listed
+    assert "aiconfigurator_core-0.12.0.dist-info/METADATA" in listed  # its version for the rows
+    (zip_name,) = [p.name for p in bundle.glob("*.zip")]
+    with zipfile.ZipFile(bundle / zip_name) as zf, zipfile.ZipFile(wheel) as whl:
+        assert sorted(zf.namelist()) == sorted(listed)
+        for name, sha in listed.items():  # unmodified: the wheel's bytes, RECORD's digest
+            assert hashlib.sha256(zf.read(name)).hexdigest() == sha == hashlib.sha256(whl.read(name)).hexdigest()
+
+
+def test_the_real_pin_keeps_only_the_h200s_tables():
+    assert carry.AIC_SYSTEMS == ("h200_sxm",)
+    assert carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert carry.aic_keeps("aiconfigurator_core/systems/support_matrix/vllm.csv")
+    assert not carry.aic_keeps("aiconfigurator_core/systems/data/b200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert not carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm_nvl/x.parquet")
+
+
+def test_a_wheel_member_that_does_not_match_its_record_is_refused(fake_aic, tmp_path):
+    out, wheel, pin = fake_aic
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    files["aiconfigurator_core/__init__.py"] += b"# changed\n"
+    changed = _wheel(tmp_path / "changed" / wheel.name, files)
+    with pytest.raises(carry.CarryError, match="RECORD"):
+        carry.build_aic_bundle(out, wheel=changed, pin=carry.PinnedPeerWheel(
+            pin.package, pin.version, pin.wheel, carry.sha256_file(changed)))
+    with pytest.raises(carry.CarryError, match="pinned"):  # and the pin itself is checked
+        carry.build_aic_bundle(out, wheel=changed, pin=pin)
+    assert not (out / "c").exists()
+
+
+def _device_aic(tmp_path, out, tamper=None):
+    root = tmp_path / "node"
+    (root / "tools").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, root / "tools" / SCRIPT.name)
+    shutil.copytree(out / "c", root / ".carry" / "c")
+    if tamper:
+        tamper(root / ".carry" / "c")
+    env = dict(os.environ, AIC=str(tmp_path / "aic"), SITE=str(tmp_path / "site"))
+    run = [subprocess.run(["bash", "tools/device_setup.sh", action], cwd=root, env=env,
+                          capture_output=True, text=True) for action in ("aic", "env")]
+    return run
+
+
+def test_device_script_unpacks_and_checks_the_aic_bundle(fake_aic, tmp_path):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    unpack, env = _device_aic(tmp_path, out)
+    assert unpack.returncode == 0, unpack.stderr
+    aic = tmp_path / "aic"
+    for name, sha in _listed(out / "c").items():
+        assert carry.sha256_file(aic / name) == sha
+    assert not (aic / "aiconfigurator_core/systems/data/b200_sxm").exists()
+    assert f":{aic}" in env.stdout  # on PYTHONPATH in every later call
+
+
+def _flip_zip(bundle: Path) -> None:
+    (zip_path,) = bundle.glob("*.zip")
+    data = bytearray(zip_path.read_bytes())
+    data[len(data) // 2] ^= 1
+    zip_path.write_bytes(bytes(data))
+
+
+def _swap_member(bundle: Path) -> None:
+    """A file changed inside the zip, the zip's own sum redone: only the per-file sums catch it."""
+    (zip_path,) = bundle.glob("*.zip")
+    with zipfile.ZipFile(zip_path) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    name = "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"
+    files[name] = files[name][:-1] + bytes([files[name][-1] ^ 1])
+    zip_path.unlink()
+    _wheel(zip_path, files)
+    (bundle / "ZIP").write_text(f"{carry.sha256_file(zip_path)}  {zip_path.name}\n")
+
+
+def _extra_member(bundle: Path) -> None:
+    """Another system's table slipped into the zip (zip sum redone): the file count catches it."""
+    (zip_path,) = bundle.glob("*.zip")
+    with zipfile.ZipFile(zip_path, "a") as zf:
+        zf.writestr("aiconfigurator_core/systems/data/b200_sxm/x.parquet", b"x")
+    (bundle / "ZIP").write_text(f"{carry.sha256_file(zip_path)}  {zip_path.name}\n")
+
+
+@pytest.mark.parametrize("tamper", [_flip_zip, _swap_member, _extra_member], ids=lambda f: f.__name__)
+def test_device_script_refuses_a_changed_aic_bundle(fake_aic, tmp_path, tamper):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    unpack, env = _device_aic(tmp_path, out, tamper)
+    assert unpack.returncode != 0
+    assert "FAILED" in unpack.stderr + unpack.stdout or "lists" in unpack.stderr
+    assert not (tmp_path / "aic").exists() and f":{tmp_path / 'aic'}" not in env.stdout
