@@ -2,6 +2,7 @@
 that installs them there (``tools/device_setup.sh``), on small fake wheels: no download."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -295,3 +296,47 @@ def test_device_script_refuses_a_changed_aic_bundle(fake_aic, tmp_path, tamper):
     assert unpack.returncode != 0
     assert "FAILED" in unpack.stderr + unpack.stdout or "lists" in unpack.stderr
     assert not (tmp_path / "aic").exists() and f":{tmp_path / 'aic'}" not in env.stdout
+
+
+@pytest.mark.skipif(not (carry.CARRY_DIR / "c" / "SHA256SUMS.c").is_file(),
+                    reason="no .carry/c built here (python -m rope_kernels carry)")
+def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
+    """The real bundle, unpacked by the node's script, in an interpreter that cannot see the
+    installed aiconfigurator-core: the same prefill ms and the same provenance in the rows
+    as the full package (1 and 16 images of 1024x1024: 139.85 and 1392.73 ms in STUDY_FACTS)."""
+    pytest.importorskip("aiconfigurator_core")
+    import sys
+    import sysconfig
+
+    listed = _listed(carry.CARRY_DIR / "c")
+    assert {n.split("/")[3] for n in listed if n.startswith(carry.AIC_DATA)} == {"h200_sxm"}
+    (unpack, _) = _device_aic(tmp_path, carry.CARRY_DIR)
+    assert unpack.returncode == 0, unpack.stderr
+    site = tmp_path / "site-without-aic"  # the venv's packages less aiconfigurator's
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith("aiconfigurator"):
+            (site / entry.name).symlink_to(entry)
+    script = (
+        "import json, pandas as pd, aiconfigurator_core\n"
+        "from rope_kernels.model import prefill as P\n"
+        "aic, _ = P.choose_prefill('NVIDIA H200', source='aiconfigurator')\n"
+        "lat = pd.DataFrame([dict(variant='native', resolution='1024x1024', images=i, mode='eager',\n"
+        "                         median_ms=1.0, vit_tokens=4 * 1369 * i) for i in (1, 16)])\n"
+        "rows = P.ttft_rows(lat, text_tokens=200, hand=P.PrefillModel(), aic=aic)\n"
+        "cols = ['prefill_ms', 'prefill_source', 'prefill_package', 'prefill_system',\n"
+        "        'prefill_tables_version', 'prefill_tables']\n"
+        "print(json.dumps({'file': aiconfigurator_core.__file__, 'rows': rows[cols].to_dict('records')}))\n")
+    runs = {}
+    for where, path, flags in (("full", [REPO], []),
+                               ("bundle", [REPO, tmp_path / "aic", site], ["-S"])):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
+        done = subprocess.run([sys.executable, *flags, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[where] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["bundle"]["file"].startswith(str(tmp_path / "aic"))
+    assert not runs["full"]["file"].startswith(str(tmp_path))
+    assert runs["bundle"]["rows"] == runs["full"]["rows"]
+    assert runs["bundle"]["rows"][0]["prefill_package"] == "aiconfigurator-core 0.12.0"
+    assert [round(r["prefill_ms"], 2) for r in runs["bundle"]["rows"]] == [139.85, 1392.73]

@@ -3,7 +3,7 @@
 A device call takes the checkout (about 6 MB) plus git-ignored folders, 64 MiB in
 all. QuACK needs nvidia-cutlass-dsl, whose cu13 libraries wheel alone is 88 MiB, and
 the notebook toolchain (papermill, nbclient, ipykernel, nbval, ...) is another 21 MiB,
-so ``python -m rope_kernels carry`` packs two bundles, each at most ``BUNDLE_LIMIT``:
+so ``python -m rope_kernels carry`` packs three bundles, each at most ``BUNDLE_LIMIT``:
 
 - ``.carry/a``: the toolchain wheelhouse (``rope_kernels.infra.wheelhouse``) and the first part of
   the cu13 wheel; call 1 stages it in /tmp/q on the node (``tools/device_setup.sh stage``).
@@ -13,6 +13,9 @@ so ``python -m rope_kernels carry`` packs two bundles, each at most ``BUNDLE_LIM
   ``tools/device_setup.sh install``: it joins the parts, checks every sha256,
   ``pip install --no-index --no-deps --target /tmp/site`` the peer wheels and
   ``pip install --no-index --find-links`` the toolchain.
+
+- ``.carry/c``: aiconfigurator-core with the H200's tables only (notebook 04's prefill; call C
+  of ``tools/study_calls.sh`` carries it with ``.peers``; ``tools/device_setup.sh aic``).
 
 Every wheel is pinned (version and sha256 of the file PyPI serves). The cu13 wheel
 is re-packed without compression (the same files, byte for byte, in the same order),
