@@ -42,13 +42,14 @@ def _wheelhouse(args) -> int:
 
 def _carry(args) -> int:
     from rope_kernels.peers.cache import PeerCacheError, fetch_all
-    from rope_kernels.infra.carry import CARRY_DIR, CarryError, build_bundles, main_sizes
+    from rope_kernels.infra.carry import CARRY_DIR, CarryError, build_aic_bundle, build_bundles, main_sizes
 
     try:
         for line in fetch_all():  # .peers travels with bundle b
             print(line)
         out = args.out or CARRY_DIR
         build_bundles(out)
+        build_aic_bundle(out)
     except (CarryError, PeerCacheError, OSError, subprocess.CalledProcessError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
@@ -56,6 +57,8 @@ def _carry(args) -> int:
     print("call 1 (carry .carry/a): bash tools/device_setup.sh stage\n"
           "call 2 (carry .carry/b and .peers, started right after): "
           "bash tools/device_setup.sh install\n"
+          "call C (carry .carry/c and .peers): bash tools/device_setup.sh aic "
+          "(aiconfigurator-core with the H200's tables, for notebook 04)\n"
           "every later call: eval \"$(bash tools/device_setup.sh env)\" "
           "(PYTHONPATH for /tmp/site while the machine stays warm)")
     return 0
@@ -324,8 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip liger-kernel and the engines' peer files")
     w.set_defaults(func=_wheelhouse)
 
-    ca = sub.add_parser("carry", help="pack the CUDA peers' wheels and the toolchain into two "
-                        "bundles for an air-gapped GPU node (.carry/a, .carry/b; "
+    ca = sub.add_parser("carry", help="pack the CUDA peers' wheels, the toolchain and aiconfigurator "
+                        "into three bundles for an air-gapped GPU node (.carry/a, .carry/b, .carry/c; "
                         "tools/device_setup.sh installs them there)")
     ca.add_argument("--out", type=Path, default=None,
                     help="folder for the bundles (default: .carry/ in the repository)")

@@ -2,6 +2,7 @@
 that installs them there (``tools/device_setup.sh``), on small fake wheels: no download."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -156,3 +157,186 @@ def test_study_calls_refuses_a_bad_step_or_commit_before_doing_anything(args, sa
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+# -- bundle c: aiconfigurator-core with one system's tables ---------------------------------
+
+def _record_line(name: str, data: bytes) -> str:
+    import base64
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}\n"
+
+
+AIC_FILES = {
+    "aiconfigurator_core/__init__.py": b"__all__ = []\n",
+    "aiconfigurator_core/systems/h200_sxm.yaml": b"name: h200_sxm\n",
+    "aiconfigurator_core/systems/b200_sxm.yaml": b"name: b200_sxm\n",
+    "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    "aiconfigurator_core/systems/data/b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    # a name that starts like the kept system's is another system
+    "aiconfigurator_core/systems/data/h200_sxm_nvl/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(30),
+    "aiconfigurator_core/systems/data/l4/.gitkeep": b"",
+    "aiconfigurator_core-0.12.0.dist-info/METADATA": b"Name: aiconfigurator-core\nVersion: 0.12.0\n",
+}
+
+
+@pytest.fixture
+def fake_aic(tmp_path):
+    """A small wheel laid out like aiconfigurator-core's, with a RECORD, and its pin."""
+    record = "".join(_record_line(n, d) for n, d in AIC_FILES.items())
+    record += "aiconfigurator_core-0.12.0.dist-info/RECORD,,\n"
+    wheel = _wheel(tmp_path / "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
+                   AIC_FILES | {"aiconfigurator_core-0.12.0.dist-info/RECORD": record.encode()})
+    pin = carry.PinnedPeerWheel("aiconfigurator-core", "0.12.0", wheel.name, carry.sha256_file(wheel))
+    return tmp_path / "repo" / ".carry", wheel, pin
+
+
+def _listed(bundle: Path) -> dict[str, str]:
+    return {name: sha for sha, name in (line.split("  ", 1) for line in
+                                        (bundle / "SHA256SUMS.c").read_text().splitlines())}
+
+
+def test_aic_bundle_holds_the_wheels_files_less_other_systems_tables(fake_aic):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    bundle = out / "c"
+    listed = _listed(bundle)
+    data = sorted(n for n in listed if n.startswith(carry.AIC_DATA))
+    assert data == ["aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"]
+    # the other systems' small yaml files stay (aiconfigurator reads every one of them)
+    assert "aiconfigurator_core/systems/b200_sxm.yaml" in listed
+    assert "aiconfigurator_core-0.12.0.dist-info/METADATA" in listed  # its version for the rows
+    (zip_name,) = [p.name for p in bundle.glob("*.zip")]
+    with zipfile.ZipFile(bundle / zip_name) as zf, zipfile.ZipFile(wheel) as whl:
+        assert sorted(zf.namelist()) == sorted(listed)
+        for name, sha in listed.items():  # unmodified: the wheel's bytes, RECORD's digest
+            assert hashlib.sha256(zf.read(name)).hexdigest() == sha == hashlib.sha256(whl.read(name)).hexdigest()
+
+
+def test_the_real_pin_keeps_only_the_h200s_tables():
+    assert carry.AIC_SYSTEMS == ("h200_sxm",)
+    assert carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert carry.aic_keeps("aiconfigurator_core/systems/support_matrix/vllm.csv")
+    assert not carry.aic_keeps("aiconfigurator_core/systems/data/b200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert not carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm_nvl/x.parquet")
+
+
+def test_a_wheel_member_that_does_not_match_its_record_is_refused(fake_aic, tmp_path):
+    out, wheel, pin = fake_aic
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    files["aiconfigurator_core/__init__.py"] += b"# changed\n"
+    changed = _wheel(tmp_path / "changed" / wheel.name, files)
+    with pytest.raises(carry.CarryError, match="RECORD"):
+        carry.build_aic_bundle(out, wheel=changed, pin=carry.PinnedPeerWheel(
+            pin.package, pin.version, pin.wheel, carry.sha256_file(changed)))
+    with pytest.raises(carry.CarryError, match="pinned"):  # and the pin itself is checked
+        carry.build_aic_bundle(out, wheel=changed, pin=pin)
+    assert not (out / "c").exists()
+
+
+def _device_aic(tmp_path, out, tamper=None):
+    root = tmp_path / "node"
+    (root / "tools").mkdir(parents=True, exist_ok=True)
+    shutil.copy(SCRIPT, root / "tools" / SCRIPT.name)
+    shutil.copytree(out / "c", root / ".carry" / "c")
+    if tamper:
+        tamper(root / ".carry" / "c")
+    env = dict(os.environ, AIC=str(tmp_path / "aic"), SITE=str(tmp_path / "site"))
+    run = [subprocess.run(["bash", "tools/device_setup.sh", action], cwd=root, env=env,
+                          capture_output=True, text=True) for action in ("aic", "env")]
+    return run
+
+
+def test_device_script_unpacks_and_checks_the_aic_bundle(fake_aic, tmp_path):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    unpack, env = _device_aic(tmp_path, out)
+    assert unpack.returncode == 0, unpack.stderr
+    aic = tmp_path / "aic"
+    for name, sha in _listed(out / "c").items():
+        assert carry.sha256_file(aic / name) == sha
+    assert not (aic / "aiconfigurator_core/systems/data/b200_sxm").exists()
+    assert f":{aic}" in env.stdout  # on PYTHONPATH in every later call
+
+
+def _flip_zip(bundle: Path) -> None:
+    (zip_path,) = bundle.glob("*.zip")
+    data = bytearray(zip_path.read_bytes())
+    data[len(data) // 2] ^= 1
+    zip_path.write_bytes(bytes(data))
+
+
+def _swap_member(bundle: Path) -> None:
+    """A file changed inside the zip, the zip's own sum redone: only the per-file sums catch it."""
+    (zip_path,) = bundle.glob("*.zip")
+    with zipfile.ZipFile(zip_path) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    name = "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"
+    files[name] = files[name][:-1] + bytes([files[name][-1] ^ 1])
+    zip_path.unlink()
+    _wheel(zip_path, files)
+    (bundle / "ZIP").write_text(f"{carry.sha256_file(zip_path)}  {zip_path.name}\n")
+
+
+def _extra_member(bundle: Path) -> None:
+    """Another system's table slipped into the zip (zip sum redone): the file count catches it."""
+    (zip_path,) = bundle.glob("*.zip")
+    with zipfile.ZipFile(zip_path, "a") as zf:
+        zf.writestr("aiconfigurator_core/systems/data/b200_sxm/x.parquet", b"x")
+    (bundle / "ZIP").write_text(f"{carry.sha256_file(zip_path)}  {zip_path.name}\n")
+
+
+@pytest.mark.parametrize("tamper", [_flip_zip, _swap_member, _extra_member], ids=lambda f: f.__name__)
+def test_device_script_refuses_a_changed_aic_bundle(fake_aic, tmp_path, tamper):
+    out, wheel, pin = fake_aic
+    carry.build_aic_bundle(out, wheel=wheel, pin=pin)
+    unpack, env = _device_aic(tmp_path, out, tamper)
+    assert unpack.returncode != 0
+    assert "FAILED" in unpack.stderr + unpack.stdout or "lists" in unpack.stderr
+    assert not (tmp_path / "aic").exists() and f":{tmp_path / 'aic'}" not in env.stdout
+
+
+@pytest.mark.skipif(not (carry.CARRY_DIR / "c" / "SHA256SUMS.c").is_file(),
+                    reason="no .carry/c built here (python -m rope_kernels carry)")
+def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
+    """The real bundle, unpacked by the node's script, in an interpreter that cannot see the
+    installed aiconfigurator-core: the same prefill ms and the same provenance in the rows
+    as the full package (1 and 16 images of 1024x1024: 139.85 and 1392.73 ms in STUDY_FACTS)."""
+    pytest.importorskip("aiconfigurator_core")
+    import sys
+    import sysconfig
+
+    listed = _listed(carry.CARRY_DIR / "c")
+    assert {n.split("/")[3] for n in listed if n.startswith(carry.AIC_DATA)} == {"h200_sxm"}
+    (unpack, _) = _device_aic(tmp_path, carry.CARRY_DIR)
+    assert unpack.returncode == 0, unpack.stderr
+    site = tmp_path / "site-without-aic"  # the venv's packages less aiconfigurator's
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith("aiconfigurator"):
+            (site / entry.name).symlink_to(entry)
+    script = (
+        "import json, pandas as pd, aiconfigurator_core\n"
+        "from rope_kernels.model import prefill as P\n"
+        "aic, _ = P.choose_prefill('NVIDIA H200', source='aiconfigurator')\n"
+        "lat = pd.DataFrame([dict(variant='native', resolution='1024x1024', images=i, mode='eager',\n"
+        "                         median_ms=1.0, vit_tokens=4 * 1369 * i) for i in (1, 16)])\n"
+        "rows = P.ttft_rows(lat, text_tokens=200, hand=P.PrefillModel(), aic=aic)\n"
+        "cols = ['prefill_ms', 'prefill_source', 'prefill_package', 'prefill_system',\n"
+        "        'prefill_tables_version', 'prefill_tables']\n"
+        "print(json.dumps({'file': aiconfigurator_core.__file__, 'rows': rows[cols].to_dict('records')}))\n")
+    runs = {}
+    for where, path, flags in (("full", [REPO], []),
+                               ("bundle", [REPO, tmp_path / "aic", site], ["-S"])):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, path)))
+        done = subprocess.run([sys.executable, *flags, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[where] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["bundle"]["file"].startswith(str(tmp_path / "aic"))
+    assert not runs["full"]["file"].startswith(str(tmp_path))
+    assert runs["bundle"]["rows"] == runs["full"]["rows"]
+    assert runs["bundle"]["rows"][0]["prefill_package"] == "aiconfigurator-core 0.12.0"
+    assert [round(r["prefill_ms"], 2) for r in runs["bundle"]["rows"]] == [139.85, 1392.73]

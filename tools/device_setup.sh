@@ -6,17 +6,22 @@
 # only while the machine stays warm):
 #   call 1, carrying .carry/a:          bash tools/device_setup.sh stage
 #   call 2, carrying .carry/b, .peers:  bash tools/device_setup.sh install [&& more commands]
+#   any call, carrying .carry/c:        bash tools/device_setup.sh aic   (aiconfigurator-core,
+#                                       the H200's tables only, for notebook 04's TTFT)
 # then in every later call: eval "$(bash tools/device_setup.sh env)"
 # Every file is checked against the sha256 sums the bundles carry; nothing is downloaded.
 set -euo pipefail
 
 STAGE=${STAGE:-/tmp/q}
 SITE=${SITE:-/tmp/site}
+AIC=${AIC:-/tmp/aic}
 PY=${PYTHON:-python3}
 PIP=${PIP:-"$PY -m pip"}  # tests/test_carry.py puts a recorder here
 
 env_lines() {
-  echo "export PYTHONPATH=$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages\${PYTHONPATH:+:\$PYTHONPATH}"
+  local aic=""
+  [ -f "$AIC/.checked" ] && aic=":$AIC"
+  echo "export PYTHONPATH=$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages$aic\${PYTHONPATH:+:\$PYTHONPATH}"
   # SGLang's JIT links -lcudart from CUDA_HOME, else from the folder above `which nvcc`
   # (wrong where nvcc on PATH is a wrapper outside the toolkit): name the toolkit
   if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -62,9 +67,23 @@ install() {
   env_lines
 }
 
+aic() {  # unpack bundle c into $AIC; every file checked against the wheel's RECORD sums
+  [ -f .carry/c/SHA256SUMS.c ] || { echo "device_setup: no .carry/c here (carry it in this call)" >&2; exit 2; }
+  (cd .carry/c && sha256sum -c --quiet ZIP)
+  rm -rf "$AIC" "$AIC.tmp"; mkdir -p "$AIC.tmp"
+  "$PY" -m zipfile -e ".carry/c/$(awk '{print $2}' .carry/c/ZIP)" "$AIC.tmp"
+  (cd "$AIC.tmp" && sha256sum -c --quiet "$OLDPWD/.carry/c/SHA256SUMS.c")
+  local listed unpacked
+  listed=$(wc -l < .carry/c/SHA256SUMS.c); unpacked=$(find "$AIC.tmp" -type f | wc -l)
+  [ "$listed" -eq "$unpacked" ] || { echo "device_setup: bundle c unpacks $unpacked files, lists $listed" >&2; exit 1; }
+  touch "$AIC.tmp/.checked"; mv "$AIC.tmp" "$AIC"
+  echo "device_setup: aiconfigurator-core in $AIC ($listed files checked); env adds it to PYTHONPATH"
+}
+
 case "${1:-}" in
   stage) stage ;;
   install) install ;;
+  aic) aic ;;
   env) env_lines ;;
-  *) echo "usage: bash tools/device_setup.sh stage|install|env" >&2; exit 2 ;;
+  *) echo "usage: bash tools/device_setup.sh stage|install|aic|env" >&2; exit 2 ;;
 esac

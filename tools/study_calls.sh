@@ -4,13 +4,16 @@
 #
 #   call A, carrying .carry/a .peers [.carry/s]:  bash tools/study_calls.sh A <commit>   # 03
 #   call B, carrying .carry/b .peers:             bash tools/study_calls.sh B <commit>   # 02
-#   call C, carrying .peers:                      bash tools/study_calls.sh C <commit>   # 04 01 05 06
+#   call C, carrying .carry/c .peers:             bash tools/study_calls.sh C <commit>   # 04 01 05 06
 #   call W (only if C's notebooks outlast it):    bash tools/study_calls.sh W <commit>
 #
 # A installs the notebook toolchain (and the wheels in .carry/s where carried) and stages
 # QuACK's bundle a (tools/device_setup.sh stage); B joins bundle b and installs QuACK
 # (device_setup.sh install), then runs notebook 02, which needs QuACK; C runs the rest (04 and
-# 05 time our CuTe DSL kernel, whose nvidia-cutlass-dsl comes with QuACK's bundle: after B). S is A
+# 05 time our CuTe DSL kernel, whose nvidia-cutlass-dsl comes with QuACK's bundle: after B), after
+# unpacking bundle c (aiconfigurator-core 0.12.0 with the H200's tables only, every file checked
+# against the wheel's RECORD: tools/device_setup.sh aic) so 04's prefill comes from
+# aiconfigurator's tables (without .carry/c, 04 falls back to the hand model and says so). S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).
 # <commit> is `git rev-parse --short=12 HEAD` of the clean commit the tree is (every row
 # records it: ROPE_STUDY_COMMIT).
@@ -73,6 +76,7 @@ case $step in
     bash tools/device_setup.sh stage 2>&1 | tail -2
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv,noheader;;
   B) bash tools/device_setup.sh install > $L/install-b.log 2>&1; echo "install rc=$?"; tail -3 $L/install-b.log;;
+  C) bash tools/device_setup.sh aic > $L/install-c.log 2>&1; echo "aic rc=$?"; tail -3 $L/install-c.log;;
 esac
 if [ -d .carry/res ]; then cp -r .carry/res/. $RES/; fi
 eval "$(bash tools/device_setup.sh env)"

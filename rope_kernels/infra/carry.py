@@ -3,7 +3,7 @@
 A device call takes the checkout (about 6 MB) plus git-ignored folders, 64 MiB in
 all. QuACK needs nvidia-cutlass-dsl, whose cu13 libraries wheel alone is 88 MiB, and
 the notebook toolchain (papermill, nbclient, ipykernel, nbval, ...) is another 21 MiB,
-so ``python -m rope_kernels carry`` packs two bundles, each at most ``BUNDLE_LIMIT``:
+so ``python -m rope_kernels carry`` packs three bundles, each at most ``BUNDLE_LIMIT``:
 
 - ``.carry/a``: the toolchain wheelhouse (``rope_kernels.infra.wheelhouse``) and the first part of
   the cu13 wheel; call 1 stages it in /tmp/q on the node (``tools/device_setup.sh stage``).
@@ -13,6 +13,9 @@ so ``python -m rope_kernels carry`` packs two bundles, each at most ``BUNDLE_LIM
   ``tools/device_setup.sh install``: it joins the parts, checks every sha256,
   ``pip install --no-index --no-deps --target /tmp/site`` the peer wheels and
   ``pip install --no-index --find-links`` the toolchain.
+
+- ``.carry/c``: aiconfigurator-core with the H200's tables only (notebook 04's prefill; call C
+  of ``tools/study_calls.sh`` carries it with ``.peers``; ``tools/device_setup.sh aic``).
 
 Every wheel is pinned (version and sha256 of the file PyPI serves). The cu13 wheel
 is re-packed without compression (the same files, byte for byte, in the same order),
@@ -246,7 +249,95 @@ def main_sizes(out: Path = CARRY_DIR) -> str:
     """A line per bundle and for .peers, in MiB."""
     from rope_kernels.peers.cache import peers_dir
 
-    lines = [f"{out / n}: {folder_bytes(out / n) / MiB:.1f} MiB" for n in ("a", "b")]
-    lines.append(f"{peers_dir()}: {folder_bytes(peers_dir()) / MiB:.1f} MiB (carried with b)")
+    lines = [f"{out / n}: {folder_bytes(out / n) / MiB:.1f} MiB" for n in ("a", "b", "c")]
+    lines.append(f"{peers_dir()}: {folder_bytes(peers_dir()) / MiB:.1f} MiB (carried with b and c)")
     return "\n".join(lines)
 
+
+
+# -- bundle c: aiconfigurator-core with one system's tables (notebook 04's TTFT) ------------
+#
+# Its wheel is 78 MiB, most of it per-system performance tables (systems/data/<system>/,
+# 1-13 MB each); the study's device reads only the H200's. Bundle c holds the wheel's own
+# files, unmodified, less the other systems' data folders (their small system yaml files,
+# the support matrix and the reuse manifest stay), re-zipped (about 14 MiB), and lists every
+# file with the sha256 the wheel's RECORD gives it; ``tools/device_setup.sh aic`` unpacks it
+# and checks every file before it goes on PYTHONPATH.
+AIC_WHEEL = PinnedPeerWheel("aiconfigurator-core", "0.12.0",
+                            "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
+                            "aadc4aad0a00bf8a61c477c62bef43de479849c3aa0b1c3078068e08309eccc4")
+AIC_SYSTEMS = ("h200_sxm",)  # the lent H200 (aiconfigurator's name for it)
+AIC_DATA = "aiconfigurator_core/systems/data/"
+
+
+def aic_keeps(name: str, systems: tuple[str, ...] = AIC_SYSTEMS) -> bool:
+    """Whether the wheel member ``name`` goes into bundle c: everything but other systems' data."""
+    if not name.startswith(AIC_DATA):
+        return True
+    return name[len(AIC_DATA):].split("/", 1)[0] in systems
+
+
+def _record_sha256(wheel: zipfile.ZipFile) -> dict[str, str]:
+    """{member: hex sha256} from the wheel's RECORD (``sha256=<urlsafe base64>``)."""
+    import base64
+    import csv
+    import io
+
+    record = next(n for n in wheel.namelist() if n.endswith(".dist-info/RECORD"))
+    sums = {}
+    for row in csv.reader(io.StringIO(wheel.read(record).decode())):
+        if len(row) >= 2 and row[1]:
+            algo, _, digest = row[1].partition("=")
+            if algo != "sha256":
+                raise CarryError(f"{record} gives {row[0]} a {algo} digest, not sha256")
+            sums[row[0]] = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
+    # RECORD cannot hold its own digest: the wheel's pinned sha256 vouches for its bytes
+    sums[record] = hashlib.sha256(wheel.read(record)).hexdigest()
+    return sums
+
+
+def build_aic_bundle(out: Path = CARRY_DIR, *, wheel: Path | None = None, pin: PinnedPeerWheel = AIC_WHEEL,
+                     systems: tuple[str, ...] = AIC_SYSTEMS, limit: int = 24 * MiB) -> int:
+    """Build ``out/c`` (aiconfigurator-core with ``systems``' tables); returns its size in bytes."""
+    out = Path(out)
+    wheel = Path(wheel) if wheel else _download(pin, out / "downloads" / "peer")
+    if sha256_file(wheel) != pin.sha256:
+        raise CarryError(f"{wheel} has sha256 {sha256_file(wheel)}, pinned {pin.sha256}")
+    staging = out / ".c.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    zip_name = f"{pin.wheel.split('-')[0]}-{pin.version}-{'-'.join(systems)}.zip"
+    kept, dropped = [], 0
+    with zipfile.ZipFile(wheel) as zin:
+        sums = _record_sha256(zin)
+        missing_data = [s for s in systems if not any(n.startswith(f"{AIC_DATA}{s}/") for n in zin.namelist())]
+        if missing_data:
+            raise CarryError(f"{pin.wheel} has no tables for {', '.join(missing_data)}")
+        with zipfile.ZipFile(staging / zip_name, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
+            for info in zin.infolist():
+                if info.is_dir():
+                    continue
+                if not aic_keeps(info.filename, systems):
+                    dropped += info.file_size
+                    continue
+                data = zin.read(info)
+                if hashlib.sha256(data).hexdigest() != sums.get(info.filename):
+                    raise CarryError(f"{info.filename} in {pin.wheel} does not match its RECORD")
+                member = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                member.external_attr = info.external_attr
+                member.compress_type = zipfile.ZIP_DEFLATED
+                zout.writestr(member, data)
+                kept.append(info.filename)
+    (staging / "SHA256SUMS.c").write_text("".join(f"{sums[n]}  {n}\n" for n in sorted(kept)))
+    (staging / "ZIP").write_text(f"{sha256_file(staging / zip_name)}  {zip_name}\n")
+    (staging / "PROVENANCE.json").write_text(json.dumps({
+        "wheel": pin.__dict__, "systems": list(systems), "files": len(kept),
+        "dropped_bytes": dropped,
+        "note": "the wheel's files, unmodified, less systems/data/<system>/ of the other systems; "
+                "SHA256SUMS.c gives each the sha256 of the wheel's RECORD"}, indent=2) + "\n")
+    size = folder_bytes(staging)
+    if size > limit:
+        raise CarryError(f"bundle c is {size / MiB:.1f} MiB: over the {limit / MiB:.0f} MiB it may take")
+    shutil.rmtree(out / "c", ignore_errors=True)
+    os.replace(staging, out / "c")
+    return size
