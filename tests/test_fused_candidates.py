@@ -445,3 +445,14 @@ def test_rows_and_hints_compile_for_sm90(tmp_path):
         assert (r["cs_stores"] > 0) == (r["store"] == ".cs"), r
         if r["strategy"].startswith("rows"):
             assert r["v4_loads"] >= 2, r  # q and k of the first chunk at least
+
+
+def test_sweep_grid_holds_the_tokens_inside_kimis_table():
+    """A prime token count (4099) used to become one 4099 x 1 image, past the 512 x 512
+    table (the GPU tier's candidate test failed in vision_freqs_cis)."""
+    from rope_kernels.bench.fused_candidates import sweep_grid
+
+    for tokens in (4099, 5476 * 2, 1024, 262147, 300000):
+        grids = sweep_grid(tokens)
+        assert sum(t * h * w for t, h, w in grids) == tokens
+        assert all(h <= 512 and w <= 512 for _, h, w in grids), grids

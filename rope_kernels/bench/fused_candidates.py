@@ -550,8 +550,13 @@ def fused_candidates(heads: int, head_dim: int, element_size: int) -> list[Fused
 def sweep_grid(tokens: int) -> list[tuple[int, int, int]]:
     """Patch grids that hold ``tokens`` for timing the angles candidate: 74 x 74
     images (1024x1024) when ``tokens`` is a multiple of 5476, else one image whose
-    width is the largest divisor of ``tokens`` up to 512."""
+    width is the largest divisor of ``tokens`` up to 512 where that image fits the
+    512 x 512 table, else (a prime, say) images 512 patches wide and one row for the rest."""
     if tokens % 5476 == 0:
         return [(1, 74, 74)] * (tokens // 5476)
     width = max(w for w in range(1, min(tokens, 512) + 1) if tokens % w == 0)
-    return [(1, tokens // width, width)]
+    if tokens // width <= 512:
+        return [(1, tokens // width, width)]
+    rows, rest = divmod(tokens, 512)
+    grids = [(1, min(512, rows - r), 512) for r in range(0, rows, 512)]
+    return grids + ([(1, 1, rest)] if rest else [])
