@@ -103,6 +103,9 @@ def _index_reachable() -> str:
 
 @pytest.fixture(scope="module")
 def index():
+    if os.environ.get("ROPE_INDEX_CHECKED") == "1":  # .ci/run's second pass (another Triton)
+        pytest.skip("the install sets were resolved against the index earlier in this CI run "
+                    "(they do not depend on the Triton installed)")
     why = _index_reachable()
     if why:
         if os.environ.get("ROPE_REQUIRE_INDEX") == "1":  # CI: no network is a failure
