@@ -208,10 +208,13 @@ def qkv_sweep_entries() -> tuple[KernelEntry, ...]:
 
 def qkv_sweep_and_warp_specialized_entries() -> tuple[KernelEntry, ...]:
     """``qkv_sweep_entries`` plus the warp-specialized configs, which are compiled only
-    (``QKV_WARP_SPECIALIZED_CONFIGS``: they hung on an H200), in one compile run."""
+    (``QKV_WARP_SPECIALIZED_CONFIGS``: they hung on an H200), in one compile run; those
+    only under a Triton that compiles them (``interpreter.warp_specialized_qkv_compiles``)."""
+    from rope_kernels.kernels.interpreter import warp_specialized_qkv_compiles
     from rope_kernels.kernels.qkv_gemm import QKV_WARP_SPECIALIZED_CONFIGS
 
-    return qkv_sweep_entries() + qkv_config_entries(QKV_WARP_SPECIALIZED_CONFIGS)
+    ws = QKV_WARP_SPECIALIZED_CONFIGS if warp_specialized_qkv_compiles() else ()
+    return qkv_sweep_entries() + qkv_config_entries(ws)
 
 
 class _LaunchRecorder:

@@ -7,7 +7,7 @@ the newest on the index when last checked; .ci/run runs the CPU tier under both 
 - 3.6 - 3.9: the interpreter is chosen when a kernel is *defined*; it casts fp32 to bf16
   by truncation and hands ``tl.range`` run-time bounds to Python as arrays (patched below).
 - 3.9: the interpreter's load and store refuse a mask that is not boolean ("mask has
-  unsupported dtype"); up to 3.8 any integer mask was taken as nonzero = true. The
+  unsupported dtype"); 3.6 and 3.7 take any integer mask as nonzero = true. The
   interpreter makes a comparison of a scalar (``pid == 0``) an int32 value, and a block
   mask combined with one (``ok & (pid == 0)``) turns int32: kernels say such gates as
   block comparisons instead (``bench/same_bytes_copy._copy_row_kernel``).
@@ -15,6 +15,11 @@ the newest on the index when last checked; .ci/run runs the CPU tier under both 
   the pinned Triton fails where 3.9 would.
 - Compiled for a GPU, every version types these masks as i1: none of this changes
   what runs on a GPU.
+- 3.7 - 3.9: Triton's Hopper warp specialization no longer compiles the QKV GEMM's
+  warp-specialized kernel (``qkv_gemm._qkv_rope_kernel_ws``) for sm_90 ("descriptor block
+  and tensor must have the same number of elements": a 128x64 TMA block into a 64x64
+  buffer); 3.6 compiles it. Never timed (it hung on an H200 under 3.6), it is compiled
+  only where ``warp_specialized_qkv_compiles()``.
 
 Triton 3.6 chooses between its compiler and its interpreter when a ``@triton.jit``
 function is *defined* (``triton/runtime/jit.py`` reads ``TRITON_INTERPRET``
@@ -56,6 +61,20 @@ def use_interpreter_without_gpu() -> bool:
         patch_runtime_loop_bounds()
         patch_boolean_masks()
     return on
+
+
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def warp_specialized_qkv_compiles() -> bool:
+    """Whether this Triton compiles ``qkv_gemm._qkv_rope_kernel_ws`` for sm_90 (3.6 only;
+    see the module docstring)."""
+    return triton_version() < (3, 7)
 
 
 _MASKS_PATCHED = False
