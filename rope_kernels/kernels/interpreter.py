@@ -20,6 +20,10 @@ the newest on the index when last checked; .ci/run runs the CPU tier under both 
   and tensor must have the same number of elements": a 128x64 TMA block into a 64x64
   buffer); 3.6 compiles it. Never timed (it hung on an H200 under 3.6), it is compiled
   only where ``warp_specialized_qkv_compiles()``.
+- 3.7 - 3.9: two QKV GEMM sweep configs that 3.6 builds for sm_90 within 255 registers
+  spill there (3.7.1: ``128x128x64x1/3/4/8/subtile2/flat``, 3.9.0:
+  ``128x128x64x1/2/4/8/persistent/x2/flat``; ``qkv_sm90_spilling_configs()``). The study's
+  defaults and timed configs were chosen on the H200's Triton, 3.6.
 
 Triton 3.6 chooses between its compiler and its interpreter when a ``@triton.jit``
 function is *defined* (``triton/runtime/jit.py`` reads ``TRITON_INTERPRET``
@@ -75,6 +79,14 @@ def warp_specialized_qkv_compiles() -> bool:
     """Whether this Triton compiles ``qkv_gemm._qkv_rope_kernel_ws`` for sm_90 (3.6 only;
     see the module docstring)."""
     return triton_version() < (3, 7)
+
+
+def qkv_sm90_spilling_configs() -> frozenset[str]:
+    """Labels of the QKV GEMM sweep configs whose sm_90 build spills under this Triton
+    (none under 3.6; seen under 3.7.1 and 3.9.0, see the module docstring)."""
+    if triton_version() < (3, 7):
+        return frozenset()
+    return frozenset({"128x128x64x1/3/4/8/subtile2/flat", "128x128x64x1/2/4/8/persistent/x2/flat"})
 
 
 _MASKS_PATCHED = False
