@@ -3,9 +3,31 @@
 
 PYTHON     ?= python3
 VENV       ?= .venv
-# CPU build in CI (pip takes it from local disk there); on a GPU node use the
-# node's own build, e.g.  make study TORCH_SPEC=torch  or VENV_FLAGS=--system-site-packages
+# What .venv gets (README "Install"); switching on one clone: make clean-venv first.
+#   STACK=cpu     torch 2.13.0 + Triton 3.7.1 (constraints-cpu.txt): the CPU tier, CI. A CPU-only
+#                 torch: TORCH_INDEX=https://download.pytorch.org/whl/cpu (the index's is the CUDA build)
+#   STACK=nvidia  what the H200 measured: torch 2.11.0 (CUDA 13.0) + Triton 3.6.0 and the gpu
+#                 extra (QuACK, CuTe DSL, FlashInfer, SGLang's JIT deps) (constraints-gpu.txt)
+#   STACK=node    the node's own PyTorch and Triton (VENV_FLAGS=--system-site-packages; ROCm:
+#                 no ROCm torch is on the index): only the toolchain is installed (constraints.txt)
+STACK      ?= cpu
+ifeq ($(STACK),nvidia)
+CONSTRAINTS ?= constraints-gpu.txt
+TORCH_SPEC ?= torch==2.11.0
+EXTRAS     ?= notebooks,test,peers,gpu
+else ifeq ($(STACK),node)
+CONSTRAINTS ?= constraints.txt
+TORCH_SPEC ?=
+EXTRAS     ?= notebooks,test,peers
+VENV_FLAGS ?= --system-site-packages
+else ifeq ($(STACK),cpu)
+CONSTRAINTS ?= constraints-cpu.txt
 TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= notebooks,test,peers
+else
+$(error STACK must be cpu, nvidia or node, got '$(STACK)')
+endif
+TORCH_INDEX ?=
 VENV_FLAGS ?=
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.installed
@@ -18,11 +40,11 @@ endif
 
 .PHONY: study test test-gpu notebooks lab clean-venv
 
-$(STAMP): pyproject.toml constraints.txt
-	@echo "Installing the study's environment into $(VENV) (once; about 90 s with a CPU torch) ..."
+$(STAMP): pyproject.toml constraints.txt $(CONSTRAINTS)
+	@echo "Installing the study's environment ($(STACK)) into $(VENV) (once; about 90 s with a CPU torch) ..."
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PY) -m pip install -q -c constraints.txt "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -c constraints.txt -e ".[notebooks,test,peers]"
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)")
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name rope-study --display-name "Python (rope-study)" >/dev/null
 	@echo "Installed; the notebooks' kernel is \"Python (rope-study)\"."
 	touch $@

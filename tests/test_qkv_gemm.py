@@ -687,6 +687,7 @@ def test_sweep_configs_compile_for_sm90(tmp_path):
         pytest.skip("Triton's ptxas is not available")
     from rope_kernels.bench.compile_matrix import write_compile_matrix
     from rope_kernels.bench.qkv_configs import QKV_CANDIDATE_CONFIGS, QKV_SWEEP_CONFIGS
+    from rope_kernels.kernels.interpreter import qkv_sm90_spilling_configs
 
     assert set(QKV_CANDIDATE_CONFIGS) <= set(QKV_SWEEP_CONFIGS)
     table = write_compile_matrix(tmp_path / "qkv_sweep_sm90.csv", targets=["sm_90"],
@@ -694,7 +695,10 @@ def test_sweep_configs_compile_for_sm90(tmp_path):
                                  entries="rope_kernels.bench.compile_matrix:qkv_sweep_entries")
     assert sorted(table["kernel"]) == sorted(f"qkv_gemm {c.label}" for c in QKV_SWEEP_CONFIGS)
     assert (table["target"] == "sm_90").all() and table["compiled"].all()
-    too_big = table[(table["shared_bytes"] > SM90_MAX_SHARED_BYTES) | table["spills"]]
+    # spills: none under the H200's Triton; later ones spill in a known config or two
+    assert qkv_sm90_spilling_configs() <= {c.label for c in QKV_SWEEP_CONFIGS}
+    known = table["kernel"].isin([f"qkv_gemm {label}" for label in qkv_sm90_spilling_configs()])
+    too_big = table[(table["shared_bytes"] > SM90_MAX_SHARED_BYTES) | (table["spills"] & ~known)]
     assert too_big.empty, too_big[["kernel", "registers", "spill_bytes", "shared_bytes"]]
 
 

@@ -104,7 +104,9 @@ def _copy_row_kernel(
     q = tl.load(q_ptr + t2 * (q_stride_t * VEC) + c2, mask=mask)
     k = tl.load(k_ptr + t2 * (k_stride_t * VEC) + c2, mask=mask)
     j = tl.arange(0, BLOCK_PAIRS)[None, :]
-    pair_mask = token_ok[:, None] & (j < PAIRS) & (col_block == 0)
+    # only the first column block reads cos/sin; said as a block comparison, so the mask
+    # stays boolean in Triton's interpreter (see kernels/interpreter.py, Triton 3.9)
+    pair_mask = token_ok[:, None] & ((j + col_block * BLOCK_PAIRS) < PAIRS)
     cos = tl.load(cos_ptr + t2 * cos_stride_t + j * cos_stride_d, mask=pair_mask, other=0.0)
     sin = tl.load(sin_ptr + t2 * sin_stride_t + j * sin_stride_d, mask=pair_mask, other=0.0)
     hits = tl.sum(((cos == never) | (sin == never)).to(tl.int32), axis=1)

@@ -1,5 +1,24 @@
 """When Triton kernels run in its CPU interpreter, and making it round fp32 -> bf16
-the way GPUs do.
+the way GPUs do. The one place that says where a Triton version changes behaviour.
+
+Triton versions this project runs on (pyproject.toml: from 3.6.0, the H200's, to 3.9.0,
+the newest on the index when last checked; .ci/run runs the CPU tier under both ends):
+
+- 3.6 - 3.9: the interpreter is chosen when a kernel is *defined*; it casts fp32 to bf16
+  by truncation and hands ``tl.range`` run-time bounds to Python as arrays (patched below).
+- 3.9: the interpreter's load and store refuse a mask that is not boolean ("mask has
+  unsupported dtype"); 3.6 and 3.7 take any integer mask as nonzero = true. The
+  interpreter makes a comparison of a scalar (``pid == 0``) an int32 value, and a block
+  mask combined with one (``ok & (pid == 0)``) turns int32: kernels say such gates as
+  block comparisons instead (``bench/same_bytes_copy._copy_row_kernel``).
+  ``patch_boolean_masks`` applies 3.9's rule under every version, so the CPU tier at
+  the pinned Triton fails where 3.9 would.
+- Compiled for a GPU, every version types these masks as i1: none of this changes
+  what runs on a GPU.
+- 3.7 - 3.9: two QKV GEMM sweep configs that 3.6 builds for sm_90 within 255 registers
+  spill there (3.7.1: ``128x128x64x1/3/4/8/subtile2/flat``, 3.9.0:
+  ``128x128x64x1/2/4/8/persistent/x2/flat``; ``qkv_sm90_spilling_configs()``). The study's
+  defaults and timed configs were chosen on the H200's Triton, 3.6.
 
 Triton 3.6 chooses between its compiler and its interpreter when a ``@triton.jit``
 function is *defined* (``triton/runtime/jit.py`` reads ``TRITON_INTERPRET``
@@ -39,7 +58,62 @@ def use_interpreter_without_gpu() -> bool:
     if on:
         patch_bf16_rounding()
         patch_runtime_loop_bounds()
+        patch_boolean_masks()
     return on
+
+
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton."""
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def qkv_sm90_spilling_configs() -> frozenset[str]:
+    """Labels of the QKV GEMM sweep configs whose sm_90 build spills under this Triton
+    (none under 3.6; seen under 3.7.1 and 3.9.0, see the module docstring)."""
+    if triton_version() < (3, 7):
+        return frozenset()
+    return frozenset({"128x128x64x1/3/4/8/subtile2/flat", "128x128x64x1/2/4/8/persistent/x2/flat"})
+
+
+_MASKS_PATCHED = False
+
+
+def patch_boolean_masks() -> bool:
+    """Make the interpreter refuse a load/store mask that is not boolean, as Triton
+    3.9's does (see the module docstring); returns True once patched."""
+    global _MASKS_PATCHED
+    if _MASKS_PATCHED:
+        return True
+    import numpy as np
+
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:  # a Triton without this interpreter layout: leave it alone
+        return False
+
+    def boolean(mask, op):
+        dtype = np.asarray(mask.data).dtype
+        if dtype != np.bool_:
+            raise ValueError(f"{op} mask has dtype {dtype}, not bool (Triton 3.9's interpreter "
+                             "refuses it: build the mask from block comparisons)")
+
+    masked_load, masked_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        boolean(mask, "load")
+        return masked_load(self, ptrs, mask, *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        boolean(mask, "store")
+        return masked_store(self, ptrs, value, mask, *args, **kwargs)
+
+    InterpreterBuilder.create_masked_load = create_masked_load
+    InterpreterBuilder.create_masked_store = create_masked_store
+    _MASKS_PATCHED = True
+    return True
 
 
 def patch_bf16_rounding() -> bool:

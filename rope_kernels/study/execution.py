@@ -79,11 +79,13 @@ def kernel_sees_repo() -> None:
 
 def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
                      kernel_name: str | None = None, verbose: bool = False,
-                     progress: ProgressLine | None = None) -> Path:
+                     progress: ProgressLine | None = None, note: str | None = None) -> Path:
     """papermill into a temporary file beside ``dest``, renamed over it on success.
     Cell output reaches the terminal only through ``progress`` (its progress bars)
     or, with ``verbose``, whole; the kernel process's own stderr (warnings and
-    profiler messages printed outside any cell) is dropped unless ``verbose``."""
+    profiler messages printed outside any cell) is dropped unless ``verbose``.
+    ``note`` (Markdown), when given, becomes a cell right after the parameters: what
+    the runner wants a reader to know about this run (the variants it skipped)."""
     import papermill
 
     from rope_kernels.study.results import check_replaceable
@@ -102,6 +104,8 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
                                    log_output=False, report_mode=False,
                                    stderr_file=progress, stdout_file=progress if verbose else None,
                                    **quiet)
+        if note:
+            _insert_note(Path(tmp), note)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:
@@ -112,6 +116,20 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+
+def _insert_note(path: Path, note: str) -> None:
+    """Put a Markdown cell holding ``note`` after the parameters cells of ``path``."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    after = 0
+    for i, cell in enumerate(nb.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "parameters" in tags or "injected-parameters" in tags:
+            after = i + 1
+    nb.cells.insert(after, nbformat.v4.new_markdown_cell(note, metadata={"tags": ["run-note"]}))
+    nbformat.write(nb, str(path))
 
 
 def _quiet_kernel_manager():

@@ -7,7 +7,10 @@ type, a value its rule refuses (an empty list, a number out of range, an unknown
 variant name, a GPU-only mode for a CPU device) or parameters that cannot work
 together are errors naming each problem. ``run`` and ``submit`` call the same
 ``resolve_parameters`` with the device kind they run on; ``run`` also checks that
-every variant named runs on this machine (``check_variants_run_here``).
+every variant named runs on this machine (``check_variants_run_here``): one the
+user named (``--params``, ``-p``) that cannot load here is refused, one only the
+device profile names is skipped with its reason (``without_skipped``), so the
+profile written for a fully equipped node still runs where some peer cannot load.
 
 YAML is read with PyYAML's safe loader, at most ``MAX_YAML_BYTES`` per file or
 value and without anchors or aliases (a few hundred bytes of nested aliases
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -163,17 +166,19 @@ def load_profile(path: Path) -> dict:
 # -- merging and checking ----------------------------------------------------------------
 def resolve_parameters(notebooks: Sequence[str], specs: Mapping[str, NotebookSpec] | None,
                        layers: Sequence[tuple[str, dict]], overrides: Sequence[str],
-                       kind: str | None = None) -> dict[str, dict]:
+                       kind: str | None = None, *,
+                       origins: dict[tuple[str, str], str] | None = None) -> dict[str, dict]:
     """Merge profile layers and overrides into per-notebook parameters (only the
     values given; the notebook's defaults fill the rest), checking every name, type
     and value against ``specs`` (default: ``specs.SPECS``), and each selected
     notebook's cross-parameter checks with its defaults filled in. ``kind`` is the
     device the notebooks will run on ('cpu' refuses GPU-only modes). Raises
-    ParameterError naming every problem found."""
+    ParameterError naming every problem found. ``origins``, when given, is filled
+    with (notebook, name) -> the layer name or ``-p`` text its final value came from."""
     specs = SPECS if specs is None else specs
     errors: list[str] = []
     resolved: dict[str, dict] = {nb: {} for nb in notebooks}
-    origins: dict[tuple[str, str], str] = {}  # where each value came from, for messages
+    origins = {} if origins is None else origins  # where each value came from, for messages
 
     def assign(scope: str | None, name: str, value, origin: str):
         if scope is not None and scope not in specs:
@@ -235,19 +240,25 @@ def resolve_parameters(notebooks: Sequence[str], specs: Mapping[str, NotebookSpe
 
 
 def check_variants_run_here(params: Mapping[str, dict],
-                            specs: Mapping[str, NotebookSpec] | None = None) -> None:
+                            specs: Mapping[str, NotebookSpec] | None = None, *,
+                            from_profile: Collection[tuple[str, str]] = (),
+                            ) -> dict[str, dict[str, str]]:
     """Every variant named in a given value runs on this machine: a known peer that
     is absent here (its file not cached, its package not installed, no GPU) is
-    refused with the registry's reason. Builds the registry (loads the peers)."""
+    refused with the registry's reason. Values whose (notebook, name) is in
+    ``from_profile`` came from the device profile alone (``params/<kind>.yaml``,
+    written for a node with every peer): their absent variants are not refused but
+    returned, notebook -> {variant: reason}, for the runner to skip
+    (``without_skipped``) and report. Builds the registry (loads the peers)."""
     specs = SPECS if specs is None else specs
     named = [(nb, name, v) for nb, values in params.items() for name, value in values.items()
              if specs[nb].parameters[name].variants for v in value]
     if not named:
-        return
+        return {}
     from rope_kernels.variants import absent_reason
     from rope_kernels.vocabulary import ENCODER_ONLY_ROPE
 
-    errors = []
+    errors, skipped = [], {}
     for nb, name, variant in named:
         if variant in ENCODER_ONLY_ROPE:
             from rope_kernels.variants import encoder_only_absent
@@ -255,12 +266,34 @@ def check_variants_run_here(params: Mapping[str, dict],
             reason = encoder_only_absent().get(variant, "")
         else:
             reason = absent_reason(variant)
-        if reason:
+        if reason and (nb, name) in from_profile:
+            skipped.setdefault(nb, {})[variant] = reason
+        elif reason:
             errors.append(f"{nb}.{name}: {variant} does not run here: {reason}")
     if errors:
         if len(errors) == 1:
             raise ParameterError(errors[0])
         raise ParameterError(f"{len(errors)} variants do not run here:\n  " + "\n  ".join(errors))
+    return skipped
+
+
+def without_skipped(params: Mapping[str, dict], skipped: Mapping[str, Mapping[str, str]],
+                    specs: Mapping[str, NotebookSpec] | None = None) -> dict[str, dict]:
+    """``params`` with the ``skipped`` variants (``check_variants_run_here``) taken out
+    of every variant list. A list left empty is an error: an empty list means "every
+    variant" to notebooks 01-03 and is refused by 04, neither of which the profile meant."""
+    specs = SPECS if specs is None else specs
+    out = {nb: dict(values) for nb, values in params.items()}
+    for nb, gone in skipped.items():
+        for name, value in params[nb].items():
+            if not specs[nb].parameters[name].variants:
+                continue
+            kept = [v for v in value if v not in gone]
+            if value and not kept:
+                raise ParameterError(f"{nb}.{name}: none of the profile's variants runs here "
+                                     f"({'; '.join(f'{v}: {why}' for v, why in gone.items())})")
+            out[nb][name] = kept
+    return out
 
 
 def select_notebooks(only: Sequence[str] | None) -> list[str]:
@@ -277,12 +310,18 @@ def select_notebooks(only: Sequence[str] | None) -> list[str]:
     return [nb for nb in NOTEBOOKS if nb in chosen]
 
 
+def profile_layer(kind: str) -> str:
+    """The name of a ``kind`` device's profile layer, as ``origins`` records it."""
+    return f"params/{kind}.yaml"
+
+
 def study_parameters(kind: str, *, root: Path, notebooks: Sequence[str],
-                     params_file: Path | None = None,
-                     overrides: Sequence[str] = ()) -> dict[str, dict]:
+                     params_file: Path | None = None, overrides: Sequence[str] = (),
+                     origins: dict[tuple[str, str], str] | None = None) -> dict[str, dict]:
     """The layers ``run`` and ``submit`` both apply (``params/<kind>.yaml``, then
-    ``params_file``, then ``overrides``), resolved for a ``kind`` device."""
-    layers = [(f"params/{kind}.yaml", load_profile(Path(root) / "params" / f"{kind}.yaml"))]
+    ``params_file``, then ``overrides``), resolved for a ``kind`` device; ``origins``
+    as ``resolve_parameters`` fills it."""
+    layers = [(profile_layer(kind), load_profile(Path(root) / "params" / f"{kind}.yaml"))]
     if params_file is not None:
         layers.append((str(params_file), load_profile(Path(params_file))))
-    return resolve_parameters(notebooks, SPECS, layers, overrides, kind)
+    return resolve_parameters(notebooks, SPECS, layers, overrides, kind, origins=origins)

@@ -6,8 +6,11 @@ Parameters come from a profile (``params/<cpu|cuda|rocm>.yaml``), an optional
 ``--params FILE`` and ``-p NAME=VALUE`` overrides, in that order. They are all
 checked against the notebook specs (``specs.py``, by ``parameters.py``) before
 anything runs: an unknown name, a value of the wrong type or out of range, a
-variant that does not run here, is an error that names it (papermill itself would
-only warn), and nothing is written. Executed notebooks and HTML go
+variant named with ``--params``/``-p`` that does not run here, is an error that
+names it (papermill itself would only warn), and nothing is written. A variant only
+the profile names that cannot load here (a GPU peer whose package is not installed,
+a CUDA-only one on ROCm) is skipped: its reason is printed before the run and again
+at its end, and stated at the top of that notebook's report. Executed notebooks and HTML go
 to ``reports/<device>/``, data to ``data/<device>/``; each file is replaced
 atomically, so a crash leaves the previous results intact.
 """
@@ -32,12 +35,14 @@ from rope_kernels.study.parameters import (  # noqa: F401
     ParameterError,
     check_variants_run_here,
     load_profile,
+    profile_layer,
     notebook_parameters,
     parse_override,
     resolve_parameters,
     select_notebooks,
     study_parameters,
     value_problem,
+    without_skipped,
 )
 from rope_kernels.study.specs import NOTEBOOKS, RUNNER_PARAMS, SPECS, SUMMARY_NOTEBOOK  # noqa: F401
 
@@ -59,6 +64,28 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def skip_lines(skipped: dict[str, dict[str, str]], kind: str) -> list[str]:
+    """One terminal line per variant the run skips (``check_variants_run_here``)."""
+    return [f"{nb}: skipped {variant} ({profile_layer(kind)} names it; it does not run here: "
+            f"{reason})" for nb, reasons in skipped.items() for variant, reason in reasons.items()]
+
+
+def skip_note(reasons: dict[str, str], kind: str) -> str | None:
+    """The Markdown note a report opens with when the run skipped some of the
+    profile's variants; None when it skipped none. Host paths are scrubbed, as in
+    the cell outputs."""
+    if not reasons:
+        return None
+    import html
+
+    from rope_kernels.study.reports import scrub_host_paths
+
+    items = "\n".join(f"- `{variant}`: {html.escape(scrub_host_paths(reason))}"
+                      for variant, reason in reasons.items())
+    return (f"**Skipped by this run.** `{profile_layer(kind)}` names these variants, which "
+            f"cannot load on this machine; the run went on without them:\n\n{items}")
+
+
 def run_study(*, device: str = "auto", params_file: Path | None = None,
               overrides: Sequence[str] = (), only: Sequence[str] | None = None,
               keep_inputs: bool = False, root: Path = REPO_ROOT, kernel_name: str | None = None,
@@ -73,9 +100,14 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
         # before rope_kernels could decide for it.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     notebooks = select_notebooks(only)
+    origins: dict[tuple[str, str], str] = {}
     params = study_parameters(kind, root=root, notebooks=notebooks, params_file=params_file,
-                              overrides=overrides)
-    check_variants_run_here(params)
+                              overrides=overrides, origins=origins)
+    from_profile = {key for key, origin in origins.items() if origin == profile_layer(kind)}
+    skipped = check_variants_run_here(params, from_profile=from_profile)
+    params = without_skipped(params, skipped)
+    for line in skip_lines(skipped, kind):
+        log(line)
     from papermill.exceptions import PapermillExecutionError  # a cell raised
 
     slug = device_slug(device_name(kind))
@@ -108,7 +140,8 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
                     executed = execute_notebook(root / "notebooks" / f"{nb}.ipynb",
                                                 report_dir / f"{nb}.ipynb", nb_params,
                                                 cwd=root / "notebooks", kernel_name=kernel_name,
-                                                verbose=verbose, progress=progress)
+                                                verbose=verbose, progress=progress,
+                                                note=skip_note(skipped.get(nb, {}), kind))
                 except PapermillExecutionError as exc:
                     message = (str(exc.evalue).strip().splitlines() or [""])[-1]
                     failed = (report_dir / f"{nb}.failed.ipynb").relative_to(root)
@@ -119,6 +152,8 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
             log(f"{label} done in {time.monotonic() - start:.0f} s -> "
                 f"{written[-1].relative_to(root)}")
     index = build_index(root)
+    for line in skip_lines(skipped, kind):
+        log(line)
     log(f"reports/index.html lists the committed devices (unchanged by this run unless "
         f"{slug}'s results are tracked); this run's summary: "
         f"{(report_dir / f'{SUMMARY_NOTEBOOK}.html').relative_to(root)}"
