@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rope_kernels.__main__ import main
-from rope_kernels.study import submit as sb
+from rope_kernels.infra import submit as sb
 from rope_kernels.study.parameters import ParameterError, parse_override, safe_yaml
 from rope_kernels.study.runner import resolve_parameters
 from rope_kernels.study.specs import NOTEBOOKS, SPECS
