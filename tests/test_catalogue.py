@@ -113,7 +113,8 @@ if out["in_registry"]:
 # the targets and the findings' peer table on rows with no in_place column: the pairing
 # comes from the catalogue (in place -> fused_inplace, 1.5x; fused would give 3x)
 rows = pd.DataFrame([{{"variant": name, "tokens": t, "heads": h, "head_dim": d, "dtype": "bfloat16",
-                       "mode": "cudagraph", "median_us": us, "copy_gbps": 4000.0, "bytes": 1e6}}
+                       "mode": "cudagraph", "median_us": us, "p20_us": us, "p80_us": us,
+                       "copy_gbps": 4000.0, "bytes": 1e6}}
                      for name, us in (("fused", 10.0), ("fused_inplace", 20.0), ("dummy_rope", 30.0))
                      for t, h, d in targets.KIMI_SHAPES])
 mine = [t for t in targets.TARGETS if t.id == "kimi_1.05x_dummy_rope"]
