@@ -83,6 +83,7 @@ for name in names:
     elif name == "compiled":
         measured, source = None, "n/a on CPU (Inductor's C++ kernels bypass the dispatcher)"
     else:
+        v(xq, xk, freqs)  # warm-up, as profile_call does: what a peer caches per freqs_cis is not per call
         measured, _ = count_launches(v, xq, xk, freqs)
         source = "dispatcher + Triton launches (CPU stand-in)"
     rows.append({"variant": name, "launches_per_call": measured, "recorded": v.launch_count(dt),

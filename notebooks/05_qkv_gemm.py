@@ -45,7 +45,7 @@ data_dir = ""  # where to upsert qkv_gemm.csv; empty: do not save
 # (`quack_gemm`) and with Kimi's RoPE in its epilogue (`quack_gemm_rope`), where QuACK is
 # installed. All of ours and QuACK's run through one entry point (`rope_kernels.qkv.qkv_rope`,
 # one backend each), each at one fixed, named config (`config`): its backend's default, chosen
-# from the committed sweep (`data/nvidia-h200/qkv_gemm_sweep.csv`; `docs/DECISIONS.md`), not
+# from the committed sweep (`data/exploration/nvidia-h200/qkv_gemm_sweep.csv`; `docs/DECISIONS.md`), not
 # from this run's samples. The inputs cover twice the L2 at every token count (`input_sets`);
 # the variants are timed in `rounds` rounds of seeded shuffled order as CUDA-graph replays
 # (median, p20/p80 of `samples` pooled over the rounds). Every variant's output is checked

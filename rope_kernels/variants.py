@@ -33,7 +33,7 @@ import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
-from rope_kernels.kernels.fused import _planned_call as planned_call
+from rope_kernels.kernels.fused import planned_call
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope

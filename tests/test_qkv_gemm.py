@@ -124,7 +124,7 @@ def test_unrotated_epilogue_is_the_plain_projection(persistent, device):
 
 
 def test_config_labels_defaults_and_checks():
-    # the labels of the committed rows (data/nvidia-h200/qkv_gemm_sweep.csv)
+    # the labels of the committed rows (data/exploration/nvidia-h200/qkv_gemm_sweep.csv)
     assert NVIDIA_TABLE_CONFIG.label == "128x128x64x1/3/4/8/flat"
     assert NVIDIA_ANGLES_CONFIG.label == "128x128x64x1/3/4/16/persistent/x2/subtile/flat"
     assert QKVGemmConfig(persistent=True, programs_per_sm=2, epilogue_parts=4).label == \

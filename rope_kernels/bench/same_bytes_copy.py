@@ -73,7 +73,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import (RowsConfig, _launch as _launch_fused_rows,
+from rope_kernels.kernels.fused import (RowsConfig, launch_rows as _launch_fused_rows,
                                         fused_launch_config, interleaved_cos_sin, row_chunks)
 from rope_kernels.kernels.reference import cos_sin_views
 

@@ -373,10 +373,10 @@ def fused_qk_rope(
 
     Host time: a call whose inputs match the layout of an earlier checked call
     (``_LaunchPlan``) skips the checks that depend only on that layout and launches
-    with the arguments derived then (see ``_planned_call``).
+    with the arguments derived then (see ``planned_call``).
     """
     if out is None and config is None:
-        done = _planned_call(xq, xk, cos, sin, inplace)
+        done = planned_call(xq, xk, cos, sin, inplace)
         if done is not None:
             return done
     check_qk(xq, xk)
@@ -415,7 +415,7 @@ def fused_qk_rope(
         if plan is not None:
             plan.launch(xq, xk, q_out, k_out, cos, sin)
             return q_out, k_out
-    _launch(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+    launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
     return q_out, k_out
 
 
@@ -514,7 +514,7 @@ def _apart(a0: int, a_len: int, b0: int, b_len: int) -> bool:
     return a0 + a_len <= b0 or b0 + b_len <= a0
 
 
-def _planned_call(xq, xk, cos, sin, inplace):
+def planned_call(xq, xk, cos, sin, inplace):
     """The call on a checked layout (``_LaunchPlan``), or None: not seen before, or an
     address-dependent check that the full path must make."""
     key = _plan_key(xq, xk, cos, sin, inplace)
@@ -554,7 +554,7 @@ def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
             check_triton_device(xq, "fused_qk_rope")
             config = fused_launch_config(heads, head_dim, xq.element_size())
             main, rest = row_chunks(heads, head_dim, config.padded)
-            check_block_fits(config, heads, head_dim, main)  # once per layout, as _launch does
+            check_block_fits(config, heads, head_dim, main)  # once per layout, as launch_rows does
             vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
             adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
             cs_vec = cos_sin_vector(cos, sin)
@@ -562,7 +562,7 @@ def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
             tail = (tokens, *qk_strides(xq, xk, q_out, k_out, vec),
                     cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
                     0.0)
-            # as _launch passes them (same names, same values): one compiled kernel for both
+            # as launch_rows passes them (same names, same values): one compiled kernel for both
             constexprs = dict(
                 HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
                 VEC=vec, CS_VEC=cs_vec, HEADS_ADJACENT=adjacent,
@@ -591,7 +591,7 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         ctx.config = config
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        _launch(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+        launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
         return q_out, k_out
 
     @staticmethod
@@ -606,11 +606,11 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         dq, dk = grads
         gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
         gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
-        _launch(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
+        launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
         return gq, gk, None, None, None
 
 
-def _launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
+def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
             inverse: bool = False, copy_never: float | None = None,
             n_tokens: int | None = None) -> None:
     """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch).

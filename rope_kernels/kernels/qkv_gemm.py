@@ -439,7 +439,7 @@ class QKVGemmConfig:
 
 
 # The NVIDIA defaults, one per path: the fastest of notebook 05's candidates in the
-# committed sweep (data/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72,
+# committed sweep (data/exploration/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72,
 # bf16, cold, CUDA graphs; us at 21,904 / 43,808 / 87,616 tokens):
 # - table: one program per tile, 128x128x64, 4 warps, the epilogue whole: 308.3 / 605.5 /
 #   1194.4, the fastest at 43,808 and 87,616 and 2.9% over the fastest at 21,904 (299.5,

@@ -17,7 +17,7 @@ from pathlib import Path
 from rope_kernels.study.devices import DATA_LINE, data_line
 
 FAILED_MARKERS = ("An Exception was encountered", "Traceback (most recent call last)")
-NOT_DEVICES = ("reference", "compile", "cpu")
+NOT_DEVICES = ("reference", "compile", "cpu", "exploration")  # exploration: data a decision cites, not a run
 
 
 def tracked(root: Path, folder: str) -> list[Path]:

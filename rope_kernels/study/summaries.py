@@ -347,11 +347,29 @@ def eager_lines(files: dict, tokens: int = ONE_IMAGE) -> list[str]:
         x = frame[col].get(v) if len(frame) and col in frame.columns else None
         return fmt_us(x) if _ok(x) else "not measured"
 
+    if eager.empty and "host_us" in dev.columns and dev["host_us"].notna().any():
+        # host time is measured beside every timed mode (a loop of eager calls): judge with it
+        eager = dev
     if eager.empty:
         return [f"Eager is how vLLM runs its vision tower unless encoder CUDA graphs are on; these rows time no "
                 f"eager calls (02's `modes` lacked `eager`), so eager and host time per call are not measured. "
                 f"Device time per call at {shape} (cold CUDA-graph rows): "
                 + ", ".join(f"{name(v)} {us(dev, v, 'median_us')}" for v in who) + "."]
+    if eager is dev:
+        line = (f"Eager is how vLLM runs its vision tower unless encoder CUDA graphs are on; an eager call costs "
+                f"about the larger of its host time (issuing the call: Python wrapper, checks, launches; `host_us`, "
+                f"a loop of eager calls) and its device time (cold CUDA-graph rows). Per call at {shape}: "
+                + "; ".join(f"{name(v)} host {us(dev, v, 'host_us')}, device {us(dev, v, 'median_us')}"
+                            for v in who) + ".")
+        both = [(v, dev.loc[v, "host_us"], dev.loc[v, "median_us"]) for v in who if v in dev.index
+                and _ok(dev.loc[v, "host_us"]) and _ok(dev.loc[v, "median_us"])]
+        bound = [v for v, h, d in both if h > d]
+        rest = [v for v, *_ in both if v not in bound]
+        if both:
+            line += (" " + (f"{', '.join(name(v) for v in bound)} {'is' if len(bound) == 1 else 'are'} host-bound "
+                            "there (the host, not the kernel, sets the eager time)" if bound else "None is host-bound")
+                     + (f"; {', '.join(name(v) for v in rest)} device-bound" if rest else "") + ".")
+        return [line]
     line = (f"Eager is how vLLM runs its vision tower unless encoder CUDA graphs are on; per call at {shape}, "
             "eager time (host time to issue the call, device time from the cold CUDA-graph rows): "
             + "; ".join(f"{name(v)} {us(eager, v, 'median_us')} (host {us(eager, v, 'host_us')}, "
