@@ -188,3 +188,29 @@ def test_the_appendix_is_collapsed_in_the_html(tmp_path):
     assert page.index("What we found") < page.index("Speedup") < details < page.index("step\nstep")
     assert page.index("</details>") > page.rindex("step") and page.index("</details>") < page.index("</main>")
     assert collapse_appendix("<main><div>x</div></main>") == "<main><div>x</div></main>"  # none: unchanged
+
+
+def test_ttft_sentence_names_the_prefill_source_and_follows_the_rows():
+    """04's TTFT sentence: native against the fastest of ours at 1 and the most images under vLLM's
+    default (eager), with where the prefill comes from; no rows, no sentence."""
+    import pandas as pd
+
+    from rope_kernels.study import summaries as S
+
+    def rows(fused_ms, source="aiconfigurator"):
+        out = []
+        for n, nat in ((1, 170.0), (16, 1770.0)):
+            for v, ms in (("native", nat), ("fused", fused_ms[n])):
+                out.append({"variant": v, "resolution": "1024x1024", "images": n, "encoder_policy": "eager",
+                            "ttft_ms": ms, "encoder_share_pct": 20.0, "prefill_source": source,
+                            "prefill_package": "aiconfigurator-core 0.12.0", "prefill_system": "h200_sxm",
+                            "prefill_backend": "vllm", "prefill_tables_version": "0.24.0",
+                            "prefill_parallelism": "TP8 + EP8", "prefill_note": "no tables for cpu"})
+        return {S.TIME_TO_FIRST_TOKEN_CSV: pd.DataFrame(out)}
+
+    line = S.ttft_lines(rows({1: 168.3, 16: 1752.3}))[0]
+    assert "aiconfigurator-core 0.12.0 (h200_sxm" in line
+    assert "1 image: native 170.0 ms, fused (ours) 168.3 ms (1.0% less" in line
+    assert "16 images: native 1770.0 ms, fused (ours) 1752.3 ms (1.0% less" in line
+    assert "the hand model (no tables for cpu)" in S.ttft_lines(rows({1: 168.3, 16: 1752.3}, "hand"))[0]
+    assert S.ttft_lines({}) == []

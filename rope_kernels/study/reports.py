@@ -198,6 +198,7 @@ def answer_first(nb, stem: str, data_dir: Path, report_dir: Path):
 
     front, body, appendix = [], [], []
     title_done = False
+    original = {id(c) for c in nb.cells}
     for cell in nb.cells:
         tags = cell.get("metadata", {}).get("tags", [])
         if cell.cell_type == "markdown" and not title_done and cell.source.lstrip().startswith("# "):
@@ -238,6 +239,9 @@ def answer_first(nb, stem: str, data_dir: Path, report_dir: Path):
         heading.id = APPENDIX_CELL_ID
         body.append(heading)
     nb.cells = front + body + appendix
+    for i, cell in enumerate(nb.cells):  # cells made here get ids by position: a re-render diffs only where text did
+        if id(cell) not in original and cell.get("id") != APPENDIX_CELL_ID:
+            cell.id = f"report-{stem}-{i}"
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             page = out.get("data", {}).get("text/html") if out.output_type in ("display_data", "execute_result") \

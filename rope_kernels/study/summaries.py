@@ -21,6 +21,7 @@ import pandas as pd
 from rope_kernels import catalogue
 from rope_kernels.study import findings as F
 from rope_kernels.study import targets as T
+from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 
 BIG = max(T.KIMI_TOKENS)  # 16 images of 1024x1024
 ONE_IMAGE = T.KIMI_TOKENS[1]  # one image of 1024x1024
@@ -451,7 +452,38 @@ def encoder_lines(files: dict) -> list[str]:
         if {"native", "fused"} <= set(p.index) and _ok(p["native"]) and _ok(p["fused"]):
             out.append(f"RoPE's own device time in one forward (profiler): native {p['native']:.1f} ms, "
                        f"fused {p['fused']:.1f} ms.")
-    return out
+    return out + ttft_lines(files)
+
+
+def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
+    """04: time to first token (encoder + the LLM's prefill) at 1 and the most images of 1024x1024 under
+    vLLM's default encoder policy (eager), native against the fastest of ours, and where the prefill
+    comes from (``time_to_first_token.csv``)."""
+    t = files.get(TIME_TO_FIRST_TOKEN_CSV)
+    if t is None or t.empty:
+        return []
+    t = t[(t["resolution"] == T.ENCODER_BUCKET[0]) & (t["encoder_policy"] == policy)]
+    if t.empty or "native" not in set(t["variant"]):
+        return []
+    ours = [v for v in t["variant"].unique() if group(v) == "ours"]
+    parts = []
+    for n in sorted({int(t["images"].min()), int(t["images"].max())}):
+        at = t[t["images"] == n].drop_duplicates("variant").set_index("variant")
+        if not ours or "native" not in at.index:
+            continue
+        best = min((v for v in ours if v in at.index), key=lambda v: at.loc[v, "ttft_ms"])
+        nat, fast = at.loc["native", "ttft_ms"], at.loc[best, "ttft_ms"]
+        parts.append(f"{n} image{'s' if n > 1 else ''}: native {nat:.1f} ms, {name(best)} {fast:.1f} ms "
+                     f"({100 * (nat - fast) / nat:.1f}% less; the encoder {at.loc[best, 'encoder_share_pct']:.0f}% "
+                     f"of it)")
+    if not parts:
+        return []
+    row = t.iloc[0]
+    source = (f"{row['prefill_package']} ({row['prefill_system']}, {row['prefill_backend']} tables "
+              f"{row['prefill_tables_version']}, {row['prefill_parallelism']})"
+              if row.get("prefill_source") == "aiconfigurator" else f"the hand model ({row.get('prefill_note', '')})")
+    return [f"Time to first token at {T.ENCODER_BUCKET[0]} under vLLM's default (encoder eager), prefill from "
+            f"{source}: " + "; ".join(parts) + "."]
 
 
 NO_ROPE_QKV = ("cublas_linear", "quack_gemm")  # QKV GEMMs that rotate nothing: references, not candidates
