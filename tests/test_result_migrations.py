@@ -16,6 +16,12 @@ from rope_kernels.provenance import REPO_ROOT
 from rope_kernels.study import results
 
 DATA = REPO_ROOT / "data" / "nvidia-h200"
+
+
+def _current(name: str):
+    """The committed file with today's rows: the QKV sweep the defaults cite lives with the
+    exploration data (data/exploration/), the rest in the device folder."""
+    return DATA / name if (DATA / name).exists() else REPO_ROOT / "data" / "exploration" / "nvidia-h200" / name
 _PROV = "device_name,device_kind,torch_version,triton_version,python_version,git_commit,timestamp"
 _PAIRED = ("paired_saving_pct,paired_saving_pct_p20,paired_saving_pct_p80,paired_rope_cost_ms,"
            "paired_rope_cost_ms_p20,paired_rope_cost_ms_p80")
@@ -83,7 +89,7 @@ def _old_file(now: str, header: str) -> tuple[str, int]:
     column, through the declared renames; a column since dropped holds a number), and
     how many distinct keys they hold."""
     table = results.TABLES[now]
-    rows = pd.read_csv(DATA / now, dtype=str, keep_default_na=False)
+    rows = pd.read_csv(_current(now), dtype=str, keep_default_na=False)
     names = header.split(",")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -101,9 +107,7 @@ def _old_file(now: str, header: str) -> tuple[str, int]:
 def test_an_older_result_file_is_upgraded_by_the_next_write(tmp_path, old, now, header):
     text, n = _old_file(now, header)
     (tmp_path / old).write_text(text)
-    # the current rows of each file; the QKV sweep the defaults cite lives with the exploration data
-    folder = DATA if (DATA / now).exists() else REPO_ROOT / "data" / "exploration" / "nvidia-h200"
-    current = results.read_table(folder / now)
+    current = results.read_table(_current(now))
     new = current.iloc[[0]].copy()
     key = list(results.TABLES[now].key)
     # a row under a key no old row has: every old row must be kept beside it
