@@ -3,7 +3,7 @@
 Tolerances follow flash-attention's tests: in fp32 the error must be tiny
 (1e-5 of the output's scale); in bf16/fp16 a kernel may be at most 2x as far
 from float64 as PyTorch's own native path in the same dtype, plus a small
-floor. Inputs are random normal (never zeros) and angles random, drawn anew
+floor (``lowp_tolerance``). Inputs are random normal (never zeros) and angles random, drawn anew
 for every check, so a kernel must compute the function, not match a fixture;
 the seed they were drawn from is in every result (``CheckResult.seed``), and
 ``check_variant(..., seed=that)`` draws the same inputs again.
@@ -22,6 +22,23 @@ from rope_kernels.kernels.reference import native_rope, rope_reference
 FP32_REL_TOL = 1e-5
 LOWP_RATIO = 2.0
 LOWP_FLOOR = 1e-6  # relative to max|ref|
+
+
+def lowp_tolerance(native_err: float, scale: float, dtype: torch.dtype) -> float:
+    """The bf16/fp16 rule: at most ``LOWP_RATIO`` x the native path's own error.
+
+    Native's error is its largest over the sample, but never taken below its worst
+    case on one rounding of the output (half an ulp of ``dtype`` at the output's
+    scale, ``scale`` = max|ref|): with a handful of elements (1 token x 4 dims) the
+    sample's largest error is a noisy, often far smaller yardstick, and a kernel
+    that rounds once more (cos/sin in the data's dtype) failed it in 1 of 11 draws
+    while passing at every realistic size. On large samples native reaches that
+    half ulp anyway, so the rule there is unchanged.
+    """
+    half_ulp = 0.0
+    if scale > 0 and math.isfinite(scale):
+        half_ulp = 0.5 * torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(scale))
+    return LOWP_RATIO * max(native_err, half_ulp) + LOWP_FLOOR * scale
 
 
 @dataclass(frozen=True)
@@ -194,7 +211,7 @@ def check_variant(
     if dtype == torch.float32:
         tol = FP32_REL_TOL * scale
     else:
-        tol = LOWP_RATIO * native_err + LOWP_FLOOR * scale
+        tol = lowp_tolerance(native_err, scale, dtype)
     untouched = all(torch.equal(a, b) for a, b in zip(watched, before))
     passed = bool(err <= tol) and untouched and all(bool(torch.isfinite(o).all()) for o in outs)
     return CheckResult(

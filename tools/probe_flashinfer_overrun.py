@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from rope_kernels.correctness import LOWP_FLOOR, LOWP_RATIO
+from rope_kernels.correctness import lowp_tolerance
 from rope_kernels.kernels.reference import native_rope, rope_reference
 from rope_kernels.peers import flashinfer
 
@@ -61,8 +61,8 @@ for dtype in (torch.bfloat16, torch.float16):
             (q, q_can), (k, k_can) = operand(dtype, head_dim, layout), operand(dtype, head_dim, layout)
             refs = rope_reference(q, k, freqs_cis)
             native = native_rope(q, k, freqs_cis)
-            tol = (LOWP_RATIO * max((n.double() - r).abs().max().item() for n, r in zip(native, refs))
-                   + LOWP_FLOOR * max(r.abs().max().item() for r in refs))
+            tol = lowp_tolerance(max((n.double() - r).abs().max().item() for n, r in zip(native, refs)),
+                                 max(r.abs().max().item() for r in refs), dtype)
             rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cache, is_neox=False)
             torch.cuda.synchronize()
             changed = sum(int((c != CANARY).sum()) for c in (q_can, k_can))
