@@ -15,18 +15,17 @@ peers fetch``);
 SGLang's Kimi-K2.5 CUDA path and FlashInfer 0.7.4 from pinned trees of their wheels
 in the same cache, JIT-compiled through tvm-ffi on a CUDA device; QuACK where it is
 installed (an air-gapped GPU node: ``tools/device_setup.sh``); Liger and
-torch.compile from their packages. ``version``/``sha256`` of a pinned tree is its
-digest over every file (``peers.cache.tree_digest``). A peer that cannot run here is absent, never a
-stub; ``peer_status()`` says which ran and why the others did not.
+torch.compile from their packages. Each peer is built by the module its catalogue entry
+names (its ``rope_variant(name)``, see ``_catalogued_peers``). ``version``/``sha256`` of a
+pinned tree is its digest over every file (``peers.cache.tree_digest``). A peer that cannot
+run here is absent, never a stub; ``peer_status()`` says which ran and why the others did
+not.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -36,8 +35,6 @@ from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
 from rope_kernels.kernels.fused import planned_call
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
-from rope_kernels.peers.baselines import compiled_rope, liger_available, liger_rope
-from rope_kernels.peers.cache import sha256_file
 from rope_kernels.vocabulary import (  # noqa: F401
     IN_PLACE_VARIANTS,
     KNOWN_VARIANTS,
@@ -152,149 +149,37 @@ class PeerStatus:
     origin: str  # installed, cache, or ""
 
 
-def _engine_peers(status: list[PeerStatus]) -> list[Variant]:
-    """vLLM and SGLang from their files (installed or cached), when those check out."""
-    from rope_kernels.peers import sglang, tokenspeed, vllm
-
-    specs = [
-        (vllm.packed_qk_source, Variant(
-            "vllm_packed_qk", vllm.vllm_packed_qk_rope, 1, 1,
-            "vLLM 0.34.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
-            inplace=True, packed_fn=vllm.vllm_packed_qk_packed, packed_only=True,
-            triton_kernels=("_packed_qk_rope_kernel",))),
-        (vllm.rotary_qkv_source, Variant(
-            "vllm_rotary_qkv", vllm.vllm_rotary_qkv_rope, 1, 1,
-            "vLLM 0.34.0's bundled flash-attention apply_rotary_emb_qkv_(interleaved=True): "
-            "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
-            "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
-            inplace=True, packed_fn=vllm.vllm_rotary_qkv_packed, packed_only=True,
-            triton_kernels=("rotary_kernel",))),
-        (tokenspeed.qkv_rotary_source, Variant(
-            "tokenspeed_qkv", tokenspeed.tokenspeed_qkv_rope, 1, 1,
-            "tokenspeed-kernel 0.1.4 packed_qkv_complex_rotary: one Triton launch (16 tokens "
-            "x one head a program) from the packed qkv and complex freqs_cis, contiguous q/k "
-            "out; run on stock Triton (its _triton indirection pointed at triton)",
-            packed_fn=tokenspeed.tokenspeed_qkv_packed, packed_only=True,
-            triton_kernels=("_packed_qkv_complex_rotary_kernel",))),
-        (vllm.rotary_source, Variant(
-            "vllm_merged", vllm.vllm_merged_rope, 8, 4,
-            "the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
-            "cos/sin copies, then upcast, rotary, cast back, per tensor",
-            triton_kernels=("rotary_kernel",))),
-        (sglang.vision_rope_source, Variant(
-            "sglang_vision", sglang.sglang_vision_rope, 1, 1,
-            "SGLang 0.5.23 apply_fused_qk_complex_rope: one Triton launch, a rotation pair "
-            "per lane, contiguous q/k out", dtypes=sglang.DTYPES,
-            triton_kernels=("_fused_qk_complex_rope_kernel",))),
-    ]
-    out = []
-    for load, variant in specs:
-        try:
-            src, _module = load()
-        except Exception as exc:  # noqa: BLE001 - a peer that cannot load is absent, with why
-            status.append(PeerStatus(variant.name, False, f"{type(exc).__name__}: {exc}",
-                                     "", "", "", ""))
-            continue
-        status.append(PeerStatus(variant.name, True, "", src.package, src.version, src.sha256,
-                                 src.origin))
-        out.append(replace(variant, peer_package=src.package, peer_version=src.version,
-                           peer_sha256=src.sha256))
-    return out
-
-
-def _optional_peers(status: list[PeerStatus]) -> list[Variant]:
-    """The CUDA-only peers: SGLang's Kimi-K2.5 path and FlashInfer (JIT-compiled from
-    their pinned files through tvm-ffi), QuACK (CuTe DSL, installed). Each is here
-    only where it loads, finds a CUDA device and passes a tiny float64 check."""
-    from rope_kernels.peers import flashinfer, quack, sglang_kimi_k25
-
-    def tree_source(mod):
-        version, sha, origin, _module = mod.source()
-        return version, sha, origin
-
-    def quack_source():
-        return (*quack.source(), "installed")
-
-    specs = [
-        ("sglang_kimi_k25", sglang_kimi_k25.PACKAGE, sglang_kimi_k25.availability,
-         lambda: tree_source(sglang_kimi_k25), dict(
-            fn=sglang_kimi_k25.sglang_kimi_k25_rope, launches=4, launches_fp32=4,
-            packed_fn=sglang_kimi_k25.sglang_kimi_k25_packed, packed_only=True,
-            dtypes=sglang_kimi_k25.DTYPES,
-            description="SGLang 0.5.23's Kimi-K2.5 tower: VisionAttention's contiguous copies "
-                        "of q, k and v (timed: the path makes them), then "
-                        "apply_fused_qk_complex_rope_inplace, SGLang's JIT CUDA kernel "
-                        "(rope.cuh through tvm-ffi) rotating the copies in place; cos|sin "
-                        "cache prepared once per freqs_cis")),
-        ("flashinfer", flashinfer.PACKAGE, flashinfer.availability,
-         lambda: tree_source(flashinfer), dict(
-            fn=flashinfer.flashinfer_rope, launches=1, launches_fp32=1, inplace=True,
-            dtypes=flashinfer.DTYPES, head_dim_rule=flashinfer.supported_head_dim,
-            description="FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
-                        "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
-                        "and positions built once per freqs_cis")),
-        ("quack_qkv", quack.PACKAGE, functools.partial(quack.availability, "quack_qkv"),
-         quack_source, dict(
-            fn=quack.quack_qkv_rope, launches=1, launches_fp32=1, inplace=True, packed_only=True,
-            packed_fn=quack.quack_qkv_packed,
-            description="QuACK apply_rotary_emb_qkv_ (CuTe DSL, interleaved) in place on the "
-                        "packed qkv under no_grad: one launch; contiguous fp32 cos/sin built "
-                        "once per freqs_cis")),
-        ("quack_rotary", quack.PACKAGE, functools.partial(quack.availability, "quack_rotary"),
-         quack_source, dict(
-            fn=quack.quack_rotary_rope, launches=1, launches_fp32=1, packed_only=True,
-            description="QuACK apply_rotary (CuTe DSL, interleaved) out of place on the q|k "
-                        "view of the packed qkv: one launch, new q and k; contiguous fp32 "
-                        "cos/sin built once per freqs_cis")),
-    ]
-    out = []
-    for name, package, available, where, variant_kwargs in specs:
-        ok, reason = available()
-        if not ok:
-            status.append(PeerStatus(name, False, reason, package, "", "", ""))
-            continue
-        version, sha, origin = where()
-        status.append(PeerStatus(name, True, "", package, version, sha, origin))
-        out.append(Variant(name, peer_package=package, peer_version=version,
-                           peer_sha256=sha, **variant_kwargs))
-    return out
-
-
-# TransformerEngine 2.20.2's interleaved fused RoPE (apply_rotary_pos_emb(...,
-# interleaved=True, fused=True)) has no route onto the study's devices: recorded, not run.
-TRANSFORMER_ENGINE_ABSENT = (
-    "not run: transformer-engine 2.20.2's PyTorch binding (transformer-engine-torch) is "
-    "source-only on the index (a CUDA build against the node's torch), and the prebuilt "
-    "transformer-engine-cu12 wheel that exports its C API (nvte_fused_rope_forward) is about "
-    "729 MB, more than eleven times one device call's 64 MiB carry; no GPU node here has it "
-    "installed")
-
-
-def _catalogued_peers(status: list[PeerStatus], built: set[str]) -> list[Variant]:
-    """Peers the catalogue names with a ``module`` (and this file does not build itself):
-    that module's ``rope_variant(name)`` returns a dict of ``package`` (str),
-    ``available`` (() -> (runs here, why not)), ``source`` (() -> (version, sha256,
-    origin)) and the ``Variant`` fields (``fn``, ``launches``, ``launches_fp32``, ...;
-    ``inplace`` and ``description`` default to the catalogue's). Adding such a peer
-    touches its module and the catalogue only."""
+def _catalogued_peers(status: list[PeerStatus]) -> list[Variant]:
+    """Every peer, in catalogue order: the entries naming a ``module``, whose
+    ``rope_variant(name)`` returns a dict of ``package`` (str), ``available`` (() -> (runs
+    here, why not)), ``source`` (() -> (version, sha256, origin)), optionally
+    ``absent_version`` (the version an absent row names: a peer recorded, never run) and the
+    ``Variant`` fields (``fn``, ``launches``, ``launches_fp32``, ...; ``inplace`` and
+    ``description`` default to the catalogue's). A ``rope_variant`` that raises (its pinned
+    file does not load) leaves the peer absent with the error as why. Adding a peer touches
+    its module and the catalogue only."""
     import importlib
 
     from rope_kernels.catalogue import CATALOGUE
 
     out = []
     for entry in CATALOGUE.values():
-        if not entry.module or entry.name in built or "rope" not in entry.kinds:
+        if not entry.module:
             continue
         try:
             spec = dict(importlib.import_module(entry.module).rope_variant(entry.name))
-            package, available, where = spec.pop("package"), spec.pop("available"), spec.pop("source")
+            package, available, where = spec.pop("package"), spec.pop("available"), spec.pop("source", None)
+            absent_version = spec.pop("absent_version", "")
         except Exception as exc:  # noqa: BLE001 - a peer that cannot load is absent, with why
             status.append(PeerStatus(entry.name, False, f"{type(exc).__name__}: {exc}", "", "", "", ""))
             continue
         ok, reason = available()
         if not ok:
-            status.append(PeerStatus(entry.name, False, reason, package, "", "", ""))
+            status.append(PeerStatus(entry.name, False, reason, package, absent_version, "", ""))
             continue
+        if where is None:
+            raise TypeError(f"{entry.module}.rope_variant({entry.name!r}) says it runs here but "
+                            "gives no 'source' (() -> (version, sha256, origin))")
         version, sha, origin = where()
         status.append(PeerStatus(entry.name, True, "", package, version, sha, origin))
         spec.setdefault("inplace", entry.inplace)
@@ -302,14 +187,6 @@ def _catalogued_peers(status: list[PeerStatus], built: set[str]) -> list[Variant
         out.append(Variant(entry.name, peer_package=package, peer_version=version,
                            peer_sha256=sha, **spec))
     return out
-
-
-def _liger_columns() -> dict[str, str]:
-    import liger_kernel.ops.llama4_rope as llama4_rope
-
-    return {"peer_package": "liger-kernel",
-            "peer_version": importlib.metadata.version("liger-kernel"),
-            "peer_sha256": sha256_file(Path(llama4_rope.__file__))}
 
 
 def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
@@ -323,29 +200,12 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
         Variant("fused_inplace", fused_rope_inplace, 1, 1,
                 "the fused kernel writing into xq/xk", inplace=True,
                 packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
-        *_engine_peers(status),
         Variant("vllm_merged_recreated", vllm_merged_recreated_rope, 8, 4,
                 "this project's re-creation of the merged PR path (its own rotary kernel "
                 "in flash-attention's style; a CPU-test stand-in, not vLLM's code)",
                 triton_kernels=("_rotary_interleaved_kernel",)),
-        Variant("compiled", compiled_rope, 1, 1,
-                "torch.compile (Inductor, static shapes) of the real cos/sin form",
-                peer_package="torch", peer_version=torch.__version__),
+        *_catalogued_peers(status),
     ]
-    if liger_available():
-        variants.append(Variant("liger", liger_rope, 3, 3,
-                                "Liger-Kernel llama4_rope, in place on copies of q and k",
-                                **_liger_columns()))
-        status.append(PeerStatus("liger", True, "", "liger-kernel",
-                                 variants[-1].peer_version, variants[-1].peer_sha256, "installed"))
-    else:
-        status.append(PeerStatus("liger", False, "liger-kernel not installed",
-                                 "liger-kernel", "", "", ""))
-    status.append(PeerStatus("compiled", True, "", "torch", torch.__version__, "", "installed"))
-    variants += _optional_peers(status)
-    status.append(PeerStatus("transformer_engine", False, TRANSFORMER_ENGINE_ABSENT,
-                             "transformer-engine", "2.20.2", "", ""))
-    variants += _catalogued_peers(status, {v.name for v in variants} | {s.name for s in status})
     return {v.name: v for v in variants}, status
 
 

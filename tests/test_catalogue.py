@@ -139,6 +139,51 @@ def _probe(tmp_path: Path, register: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def test_every_peer_is_built_by_the_module_its_entry_names():
+    """No peer is hand-built in variants.py: each peer RoPE entry names its module, whose
+    ``rope_variant`` builds that name and refuses any other."""
+    import importlib
+
+    rope_peers = catalogue.names("rope", peer=True)
+    assert {"vllm_packed_qk", "flashinfer", "liger", "compiled", "transformer_engine"} <= set(rope_peers)
+    unbuilt = [n for n in rope_peers if not catalogue.CATALOGUE[n].module]
+    assert not unbuilt, f"peers without a module: {unbuilt}"
+    for module in {catalogue.CATALOGUE[n].module for n in rope_peers}:
+        with pytest.raises(ValueError, match="not 'fused'"):
+            importlib.import_module(module).rope_variant("fused")
+
+
+def test_a_peer_that_cannot_load_or_run_is_absent_with_why(monkeypatch):
+    """What the registry makes of a module's answer: an exception, a peer that is not
+    available (with the version an absent row names), and one that runs but gives no
+    source (a clear error, not a half-built row)."""
+    import types
+
+    from rope_kernels import variants
+
+    def spec(name):
+        if name == "peer_raises":
+            raise FileNotFoundError("pinned file missing")
+        if name == "peer_absent":
+            return {"package": "absent-pkg", "available": lambda: (False, "no device"),
+                    "absent_version": "1.2.3"}
+        return {"package": "sourceless", "available": lambda: (True, "")}
+
+    monkeypatch.setitem(sys.modules, "fake_peers", types.SimpleNamespace(rope_variant=spec))
+    entries = {n: Entry(n, n, "engine", "#123456", peer=True, module="fake_peers")
+               for n in ("peer_raises", "peer_absent")}
+    monkeypatch.setattr(catalogue, "CATALOGUE", entries)
+    status = []
+    assert variants._catalogued_peers(status) == []
+    assert [(s.name, s.available, s.reason, s.package, s.version) for s in status] == [
+        ("peer_raises", False, "FileNotFoundError: pinned file missing", "", ""),
+        ("peer_absent", False, "no device", "absent-pkg", "1.2.3")]
+    monkeypatch.setattr(catalogue, "CATALOGUE", {"peer_sourceless": Entry(
+        "peer_sourceless", "x", "engine", "#123456", peer=True, module="fake_peers")})
+    with pytest.raises(TypeError, match="no 'source'"):
+        variants._catalogued_peers([])
+
+
 def test_a_new_peer_is_its_module_and_one_catalogue_entry(tmp_path):
     """Registered in a fresh interpreter before the package reads the catalogue (as an
     entry in catalogue.py is): the peer is known, accepted as a parameter, built by the

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+from pathlib import Path
 
 import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.reference import cos_sin_views, rope_cos_sin
+from rope_kernels.peers.cache import sha256_file
 
 # Static shapes mean one graph per (shape, strides, dtype). Dynamo's default
 # recompile limit (8) would then silently fall back to eager after 8 shapes and
@@ -60,3 +63,27 @@ def liger_rope(
     k = xk.clone(memory_format=torch.contiguous_format).unsqueeze(0)
     q, k = LigerLlama4RopeFunction.apply(q, k, freqs_cis)
     return q.squeeze(0), k.squeeze(0)
+
+
+def _liger_source() -> tuple[str, str, str]:
+    import liger_kernel.ops.llama4_rope as llama4_rope
+
+    return (importlib.metadata.version("liger-kernel"), sha256_file(Path(llama4_rope.__file__)),
+            "installed")
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``compiled`` or ``liger`` (the catalogue's ``module`` contract:
+    ``variants``): torch.compile always runs (its rows carry torch's version); Liger where
+    liger-kernel is installed (with the sha256 of its ``llama4_rope.py``)."""
+    if name == "compiled":
+        return {"package": "torch", "available": lambda: (True, ""),
+                "source": lambda: (torch.__version__, "", "installed"),
+                "fn": compiled_rope, "launches": 1, "launches_fp32": 1,
+                "description": "torch.compile (Inductor, static shapes) of the real cos/sin form"}
+    if name == "liger":
+        return {"package": "liger-kernel",
+                "available": lambda: (liger_available(), "liger-kernel not installed"),
+                "source": _liger_source, "fn": liger_rope, "launches": 3, "launches_fp32": 3,
+                "description": "Liger-Kernel llama4_rope, in place on copies of q and k"}
+    raise ValueError(f"rope_kernels.peers.baselines builds compiled and liger, not {name!r}")

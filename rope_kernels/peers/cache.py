@@ -245,6 +245,15 @@ def find_source(package: str, path: str, *, root: Path | None = None) -> SourceF
     return found if found is not None else _cached_file(pin, path, root)
 
 
+def loaded_peer_spec(src: SourceFile, **fields) -> dict:
+    """The ``rope_variant(name)`` answer (``variants``' catalogued peers) of a peer whose file
+    ``src`` has loaded: it runs here, at ``src``'s version, hash and origin, as the Variant
+    ``fields`` say. (A peer whose file does not load raises from ``rope_variant`` instead: it is
+    then absent, with the error as why.)"""
+    return {"package": src.package, "available": lambda: (True, ""),
+            "source": lambda: (src.version, src.sha256, src.origin), **fields}
+
+
 # -- running a file under a private name ---------------------------------------------
 @contextmanager
 def _temporary_modules(modules: dict[str, types.ModuleType]):

@@ -161,3 +161,16 @@ def availability() -> tuple[bool, str]:
     return installed_cuda_peer("flashinfer", PACKAGE, PINNED_VERSION, flashinfer_rope,
                                why="CUDA only, JIT through tvm-ffi",
                                head_dim=AVAILABILITY_HEAD_DIM)
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``flashinfer`` (the catalogue's ``module`` contract:
+    ``variants``): here only where ``availability`` says it runs."""
+    if name != "flashinfer":
+        raise ValueError(f"rope_kernels.peers.flashinfer builds flashinfer, not {name!r}")
+    return {"package": PACKAGE, "available": availability, "source": lambda: source()[:3],
+            "fn": flashinfer_rope, "launches": 1, "launches_fp32": 1, "dtypes": DTYPES,
+            "head_dim_rule": supported_head_dim,
+            "description": "FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
+                           "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
+                           "and positions built once per freqs_cis"}

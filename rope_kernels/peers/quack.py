@@ -85,3 +85,23 @@ def availability(name: str = "quack_qkv") -> tuple[bool, str]:
                    "quack_rotary": (quack_rotary_rope, False)}[name]
     return installed_cuda_peer("quack", PACKAGE, PINNED_VERSION, fn,
                                why="CUDA only, CuTe DSL", inplace=inplace)
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``quack_qkv`` or ``quack_rotary`` (the catalogue's ``module``
+    contract: ``variants``): here only where ``availability(name)`` says it runs."""
+    if name == "quack_qkv":
+        fields = dict(fn=quack_qkv_rope, packed_fn=quack_qkv_packed,
+                      description="QuACK apply_rotary_emb_qkv_ (CuTe DSL, interleaved) in place on the "
+                                  "packed qkv under no_grad: one launch; contiguous fp32 cos/sin built "
+                                  "once per freqs_cis")
+    elif name == "quack_rotary":
+        fields = dict(fn=quack_rotary_rope,
+                      description="QuACK apply_rotary (CuTe DSL, interleaved) out of place on the q|k "
+                                  "view of the packed qkv: one launch, new q and k; contiguous fp32 "
+                                  "cos/sin built once per freqs_cis")
+    else:
+        raise ValueError(f"rope_kernels.peers.quack builds quack_qkv and quack_rotary, not {name!r}")
+    return {"package": PACKAGE, "available": functools.partial(availability, name),
+            "source": lambda: (*source(), "installed"), "launches": 1, "launches_fp32": 1,
+            "packed_only": True, **fields}

@@ -24,7 +24,7 @@ import torch
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          triton_interpreter_enabled)
-from rope_kernels.peers.cache import SourceFile, find_source, load_module
+from rope_kernels.peers.cache import SourceFile, find_source, load_module, loaded_peer_spec
 
 VISION_ROPE_FILE = "sglang/kernels/ops/attention/vision_rope.py"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -56,3 +56,15 @@ def sglang_vision_rope(xq: torch.Tensor, xk: torch.Tensor,
                         f"can_use_fused_qk_complex_rope), got {xq.dtype}")
     check_triton_device(xq, "sglang_vision")
     return vision_rope_source()[1].apply_fused_qk_complex_rope(xq, xk, freqs_cis)
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``sglang_vision`` (the catalogue's ``module`` contract:
+    ``variants``); raises when SGLang's file does not load here (the peer is then absent)."""
+    if name != "sglang_vision":
+        raise ValueError(f"rope_kernels.peers.sglang builds sglang_vision, not {name!r}")
+    return loaded_peer_spec(
+        vision_rope_source()[0], fn=sglang_vision_rope, launches=1, launches_fp32=1,
+        description="SGLang 0.5.23 apply_fused_qk_complex_rope: one Triton launch, a rotation pair "
+                    "per lane, contiguous q/k out", dtypes=DTYPES,
+        triton_kernels=("_fused_qk_complex_rope_kernel",))

@@ -189,3 +189,18 @@ def availability() -> tuple[bool, str]:
         return False, f"sglang {PINNED_VERSION} Kimi-K2.5 path cannot load: {type(exc).__name__}: {exc}"
     return installed_cuda_peer("sglang", PACKAGE, PINNED_VERSION, sglang_kimi_k25_rope,
                                why="CUDA only, JIT through tvm-ffi", inplace=False)
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``sglang_kimi_k25`` (the catalogue's ``module`` contract:
+    ``variants``): here only where ``availability`` says it runs."""
+    if name != "sglang_kimi_k25":
+        raise ValueError(f"rope_kernels.peers.sglang_kimi_k25 builds sglang_kimi_k25, not {name!r}")
+    return {"package": PACKAGE, "available": availability, "source": lambda: source()[:3],
+            "fn": sglang_kimi_k25_rope, "launches": 4, "launches_fp32": 4,
+            "packed_fn": sglang_kimi_k25_packed, "packed_only": True, "dtypes": DTYPES,
+            "description": "SGLang 0.5.23's Kimi-K2.5 tower: VisionAttention's contiguous copies "
+                           "of q, k and v (timed: the path makes them), then "
+                           "apply_fused_qk_complex_rope_inplace, SGLang's JIT CUDA kernel "
+                           "(rope.cuh through tvm-ffi) rotating the copies in place; cos|sin "
+                           "cache prepared once per freqs_cis"}

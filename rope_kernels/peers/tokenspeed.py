@@ -23,7 +23,7 @@ import torch
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          packed_qkv_of)
-from rope_kernels.peers.cache import SourceFile, find_source, load_module
+from rope_kernels.peers.cache import SourceFile, find_source, load_module, loaded_peer_spec
 
 PACKAGE = "tokenspeed-kernel"
 QKV_ROTARY_FILE = "tokenspeed_kernel/ops/attention/mha/_triton/qkv_rotary.py"
@@ -68,3 +68,17 @@ def tokenspeed_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
     check_triton_device(xq, "tokenspeed_qkv")
     q, k, _v = tokenspeed_qkv_packed(qkv, freqs_cis)
     return q, k
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of ``tokenspeed_qkv`` (the catalogue's ``module`` contract:
+    ``variants``); raises when tokenspeed's file does not load here (the peer is then absent)."""
+    if name != "tokenspeed_qkv":
+        raise ValueError(f"rope_kernels.peers.tokenspeed builds tokenspeed_qkv, not {name!r}")
+    return loaded_peer_spec(
+        qkv_rotary_source()[0], fn=tokenspeed_qkv_rope, launches=1, launches_fp32=1,
+        description="tokenspeed-kernel 0.1.4 packed_qkv_complex_rotary: one Triton launch (16 tokens "
+                    "x one head a program) from the packed qkv and complex freqs_cis, contiguous q/k "
+                    "out; run on stock Triton (its _triton indirection pointed at triton)",
+        packed_fn=tokenspeed_qkv_packed, packed_only=True,
+        triton_kernels=("_packed_qkv_complex_rotary_kernel",))

@@ -33,7 +33,8 @@ import torch
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writes_do_not_overlap_reads, packed_qkv_of,
                                          triton_interpreter_enabled)
-from rope_kernels.peers.cache import SourceFile, find_source, installed_version, load_module
+from rope_kernels.peers.cache import (SourceFile, find_source, installed_version, load_module,
+                                      loaded_peer_spec)
 from rope_kernels.peers.prepared import prepared_per_freqs
 
 PACKED_QK_FILE = "vllm/model_executor/layers/rotary_embedding/packed_qk_rope.py"
@@ -188,3 +189,29 @@ def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
     check_triton_device(xq, "vllm_rotary_qkv")
     vllm_rotary_qkv_packed(qkv, freqs_cis)
     return xq, xk
+
+
+def rope_variant(name: str) -> dict:
+    """The registry's spec of vLLM variant ``name`` (the catalogue's ``module`` contract:
+    ``variants``); raises when vLLM's file does not load here (the peer is then absent)."""
+    if name == "vllm_packed_qk":
+        return loaded_peer_spec(
+            packed_qk_source()[0], fn=vllm_packed_qk_rope, launches=1, launches_fp32=1,
+            description="vLLM 0.34.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
+            packed_fn=vllm_packed_qk_packed, packed_only=True,
+            triton_kernels=("_packed_qk_rope_kernel",))
+    if name == "vllm_rotary_qkv":
+        return loaded_peer_spec(
+            rotary_qkv_source()[0], fn=vllm_rotary_qkv_rope, launches=1, launches_fp32=1,
+            description="vLLM 0.34.0's bundled flash-attention apply_rotary_emb_qkv_(interleaved=True): "
+                        "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
+                        "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
+            packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",))
+    if name == "vllm_merged":
+        return loaded_peer_spec(
+            rotary_source()[0], fn=vllm_merged_rope, launches=8, launches_fp32=4,
+            description="the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
+                        "cos/sin copies, then upcast, rotary, cast back, per tensor",
+            triton_kernels=("rotary_kernel",))
+    raise ValueError(f"rope_kernels.peers.vllm builds vllm_packed_qk, vllm_rotary_qkv and "
+                     f"vllm_merged, not {name!r}")
