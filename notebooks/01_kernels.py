@@ -166,9 +166,10 @@ ran = correctness[correctness.supported]
 assert ran.passed.all(), ran[~ran.passed]
 if data_dir:
     from rope_kernels.study.results import upsert_csv
-    out = correctness.assign(**provenance(kind))
-    upsert_csv(Path(data_dir) / "correctness.csv", out)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "correctness.csv"))  # what this report wrote; tests compare it with the CSV
+    from rope_kernels.study.specs import CORRECTNESS_CSV
+    written = Path(data_dir) / CORRECTNESS_CSV
+    upsert_csv(written, correctness.assign(**provenance(kind)))  # key: specs.RESULT_FILES
+    print(data_line(written))  # what this report wrote; tests compare it with the CSV
 
 
 # %% [markdown]

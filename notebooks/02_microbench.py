@@ -104,8 +104,10 @@ bench = run_microbench(names, families, dtypes, modes, device=dev, copy_gbps=cop
                        samples=samples, progress=progress)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
-    upsert_csv(Path(data_dir) / "microbench.csv", bench)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "microbench.csv"))  # what this report wrote; tests compare it with the CSV
+    from rope_kernels.study.specs import MICROBENCH_CSV
+    written = Path(data_dir) / MICROBENCH_CSV
+    upsert_csv(written, bench)  # key: specs.RESULT_FILES
+    print(data_line(written))  # what this report wrote; tests compare it with the CSV
 with_units(bench[["variant", "in_place", "tokens", "heads", "head_dim", "dtype", "mode", "median_us",
                   "p20_us", "p80_us", "pct_of_copy", "pct_of_same_bytes_copy", "speedup_vs_native",
                   "launches", "peak_mem_mb"]]).round(2)
@@ -159,7 +161,9 @@ plots.kernel_panels(bench, "pct_of_same_bytes_copy", "of the same-bytes SM copy 
 # NBVAL_IGNORE_OUTPUT
 import matplotlib.pyplot as plt
 
-pr = pd.read_csv(Path("..") / "data" / "reference" / "pr50400_table.csv")
+from rope_kernels.study.targets import PR_TABLE_CSV
+
+pr = pd.read_csv(PR_TABLE_CSV)
 cmp = {m: pr_comparison(bench, pr, m) for m in ("cudagraph", "cudagraph_warm") if m in set(bench["mode"])}
 if not any(len(c) for c in cmp.values()):
     print("No PR shapes in this grid (the CPU default); the GPU profile includes all 12 rows.")
@@ -221,8 +225,10 @@ if config_sweep and dev.type == "cuda":
     sweep = sweep.assign(**provenance(kind))
     if data_dir:
         from rope_kernels.study.results import upsert_csv
-        upsert_csv(Path(data_dir) / "fused_configs.csv", sweep)
-        print(data_line(Path(data_dir) / "fused_configs.csv"))  # what this report wrote; tests compare it with the CSV
+        from rope_kernels.study.specs import FUSED_CONFIGS_CSV
+        written = Path(data_dir) / FUSED_CONFIGS_CSV
+        upsert_csv(written, sweep)  # key: specs.RESULT_FILES
+        print(data_line(written))  # what this report wrote; tests compare it with the CSV
     kind_of_launch = ["tokens", "heads", "head_dim", "in_place"]
     best = sweep.loc[sweep.groupby(kind_of_launch).median_us.idxmin()]
     chosen = sweep[sweep.is_default]

@@ -97,10 +97,12 @@ checked = launches.dropna(subset=["launches_per_call"])
 assert (checked.launches_per_call == checked.recorded).all(), checked
 if data_dir:
     from rope_kernels.study.results import upsert_csv
+    from rope_kernels.study.specs import LAUNCHES_CSV
     out = launches.assign(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, layers=layers,
                           **provenance(kind))
-    upsert_csv(Path(data_dir) / "launches.csv", out)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "launches.csv"))  # what this report wrote; tests compare it with the CSV
+    written = Path(data_dir) / LAUNCHES_CSV
+    upsert_csv(written, out)  # key: specs.RESULT_FILES
+    print(data_line(written))  # what this report wrote; tests compare it with the CSV
 
 # %% [markdown]
 # ## Device time per kernel

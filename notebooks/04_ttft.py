@@ -147,8 +147,10 @@ for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
 latency = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill_model, text_tokens)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
-    upsert_csv(Path(data_dir) / "encoder_latency.csv", latency)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "encoder_latency.csv"))  # what this report wrote; tests compare it with the CSV
+    from rope_kernels.study.specs import ENCODER_LATENCY_CSV
+    written = Path(data_dir) / ENCODER_LATENCY_CSV
+    upsert_csv(written, latency)  # key: specs.RESULT_FILES
+    print(data_line(written))  # what this report wrote; tests compare it with the CSV
 latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)
 
@@ -344,13 +346,15 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
 # NBVAL_IGNORE_OUTPUT
 from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_savings
 from rope_kernels.study.results import upsert_csv
+from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 
 ttft = device_ttft(latency, text_tokens=text_tokens, hand=prefill_model, source=prefill,
                    graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
                    moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
 if data_dir:
-    upsert_csv(Path(data_dir) / "time_to_first_token.csv", ttft)  # key: specs.RESULT_FILES
-    print(data_line(Path(data_dir) / "time_to_first_token.csv"))
+    written = Path(data_dir) / TIME_TO_FIRST_TOKEN_CSV
+    upsert_csv(written, ttft)  # key: specs.RESULT_FILES
+    print(data_line(written))  # what this report wrote; tests compare it with the CSV
 first = ttft.iloc[0]
 print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_model}; "
       f"{first.prefill_system} {first.prefill_backend} {first.prefill_tables_version} "

@@ -65,6 +65,7 @@ from rope_kernels.study import plots
 from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import notebook_setup
 from rope_kernels.study.results import upsert_csv
+from rope_kernels.study.specs import QKV_GEMM_CSV
 from rope_kernels.study.targets import evaluate, summarize, targets_for
 from rope_kernels.variants import peer_status
 
@@ -92,8 +93,9 @@ if kind != "cpu":
     qkv = run_qkv_bench(qkv_tokens, device=dev, samples=samples, rounds=rounds,
                         compile_budget_s=qkv_compile_budget_s, progress=progress).rows
     if data_dir:
-        upsert_csv(Path(data_dir) / "qkv_gemm.csv", qkv)
-        print(data_line(Path(data_dir) / "qkv_gemm.csv"))  # what this report wrote; tests compare it with the CSV
+        written = Path(data_dir) / QKV_GEMM_CSV
+        upsert_csv(written, qkv)  # key: specs.RESULT_FILES
+        print(data_line(written))  # what this report wrote; tests compare it with the CSV
     display(qkv.pivot_table(index="tokens", columns="variant", values="median_us").round(1).rename_axis(columns="median [us]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas").round(3).rename_axis(columns="time / cuBLAS [x]"))
     display(qkv.pivot_table(index="tokens", columns="variant", values="ratio_to_cublas_fused_rope").round(3).rename_axis(columns="time / (cuBLAS + fused RoPE) [x]"))

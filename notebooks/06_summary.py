@@ -35,6 +35,8 @@ import pandas as pd
 from rope_kernels.study.devices import data_line
 from rope_kernels.study.notebooks import report_display
 from rope_kernels.study.plots import with_units
+from rope_kernels.study.specs import (CORRECTNESS_CSV, ENCODER_LATENCY_CSV, FUSED_CONFIGS_CSV, LAUNCHES_CSV,
+                                      MICROBENCH_CSV, QKV_GEMM_CSV)
 from rope_kernels.study.summary import all_devices, load_device_tables
 
 report_display()  # whole tables (no "..."), quiet known warnings, the report plot style
@@ -48,7 +50,7 @@ with_units(summary.set_index("device")).T if len(summary) else "no device data y
 # NBVAL_IGNORE_OUTPUT
 # (output depends on the devices' data this checkout holds: a local CPU run adds data/cpu)
 frames = []
-for name in ("microbench.csv", "encoder_latency.csv", "launches.csv", "correctness.csv", "fused_configs.csv", "qkv_gemm.csv"):
+for name in (MICROBENCH_CSV, ENCODER_LATENCY_CSV, LAUNCHES_CSV, CORRECTNESS_CSV, FUSED_CONFIGS_CSV, QKV_GEMM_CSV):
     df = load_device_tables(Path(data_root), name, device_folders)
     if len(df):
         frames.append(df.groupby("device_folder").agg(

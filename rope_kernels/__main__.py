@@ -254,9 +254,10 @@ def _ttft(args) -> int:
     from rope_kernels.model.prefill import PrefillModel, device_ttft
     from rope_kernels.study.devices import REPO_ROOT, data_line
     from rope_kernels.study.results import read_table, upsert_csv
+    from rope_kernels.study.specs import ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV
 
     folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / args.device
-    source = folder / "encoder_latency.csv"
+    source = folder / ENCODER_LATENCY_CSV
     if not source.exists():
         print(f"rope-study: error: no {source}", file=sys.stderr)
         return 2
@@ -278,8 +279,8 @@ def _ttft(args) -> int:
     print(f"prefill: {first.prefill_source} {first.prefill_package} {first.prefill_system} "
           f"{first.prefill_backend} {first.prefill_parallelism} {first.prefill_note}".rstrip())
     if args.write:
-        upsert_csv(folder / "time_to_first_token.csv", rows)
-        print(data_line(folder / "time_to_first_token.csv"))
+        upsert_csv(folder / TIME_TO_FIRST_TOKEN_CSV, rows)
+        print(data_line(folder / TIME_TO_FIRST_TOKEN_CSV))
     return 0
 
 

@@ -21,11 +21,11 @@ import pandas as pd
 from rope_kernels import catalogue
 from rope_kernels.study import findings as F
 from rope_kernels.study import targets as T
-from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
+from rope_kernels.study.specs import LAUNCHES_CSV, TIME_TO_FIRST_TOKEN_CSV
 
 BIG = max(T.KIMI_TOKENS)  # 16 images of 1024x1024
 ONE_IMAGE = T.KIMI_TOKENS[1]  # one image of 1024x1024
-KIMI_HEADS = 16
+TOWER_HEADS = max(T.KIMI_HEADS)  # the whole tower's 16 heads (4 and 2: tensor-parallel shares)
 # The RoPE each engine's Kimi-K2.5 vision tower calls today (STUDY_FACTS: vLLM 0.33's
 # kimi_k25_vit.py calls packed_qk_rope_; SGLang 0.5.23's tower its JIT CUDA rope).
 SHIPPED = (("vLLM", "vllm_packed_qk"), ("SGLang", "sglang_kimi_k25"))
@@ -67,8 +67,8 @@ def _ok(v) -> bool:
     return v is not None and not pd.isna(v) and math.isfinite(float(v))
 
 
-def kernel_times(files: dict, tokens: int = BIG, heads: int = KIMI_HEADS, head_dim: int = 72,
-                 mode: str = T.COLD) -> pd.DataFrame:
+def kernel_times(files: dict, tokens: int = BIG, heads: int = TOWER_HEADS,
+                 head_dim: int = T.KIMI_HEAD_DIM, mode: str = T.COLD) -> pd.DataFrame:
     """One row per variant at one kernel shape (bf16), indexed by variant (empty if absent)."""
     micro = files.get("microbench", pd.DataFrame())
     if micro.empty:
@@ -112,12 +112,12 @@ def _kimi_rows(files: dict, mode: str = T.COLD) -> pd.DataFrame:
     micro = files.get("microbench", pd.DataFrame())
     if micro.empty:
         return micro
-    m = micro[(micro["mode"] == mode) & (micro["head_dim"] == 72) & micro["tokens"].isin(T.KIMI_TOKENS)
-              & micro["heads"].isin(T.KIMI_HEADS)]
+    m = micro[(micro["mode"] == mode) & (micro["head_dim"] == T.KIMI_HEAD_DIM)
+              & micro["tokens"].isin(T.KIMI_TOKENS) & micro["heads"].isin(T.KIMI_HEADS)]
     return m[m["dtype"] == "bfloat16"] if "dtype" in m.columns else m
 
 
-def _ratio_span(rows: pd.DataFrame, peer: str, heads: int = KIMI_HEADS) -> tuple[str, list[float]]:
+def _ratio_span(rows: pd.DataFrame, peer: str, heads: int = TOWER_HEADS) -> tuple[str, list[float]]:
     """Peer time / ours (like for like) over Kimi's token counts at ``heads``: (ours, ratios)."""
     ours = ours_for(rows, peer)
     t = {(r.variant, int(r.tokens)): float(r.median_us) for r in rows[rows["heads"] == heads].itertuples()}
@@ -391,9 +391,9 @@ def eager_lines(files: dict, tokens: int = ONE_IMAGE) -> list[str]:
 
 def profile_lines(files: dict) -> list[str]:
     """03: launches per call and per forward."""
-    la = files.get("launches.csv")
+    la = files.get(LAUNCHES_CSV)
     if la is None or la.empty:
-        return ["Launches per call: not measured (no `launches.csv`)."]
+        return [f"Launches per call: not measured (no `{LAUNCHES_CSV}`)."]
     col = "recorded" if "recorded" in la.columns else "launches_per_call"
     la = la.drop_duplicates("variant").set_index("variant")
     order = sorted(la.index, key=catalogue.order_key)
@@ -409,7 +409,7 @@ def profile_lines(files: dict) -> list[str]:
                    + (": more launches than the path it replaced (the kernels per call are listed below)." if m > n
                       else "."))
     dev = kernel_times(files, tokens=int(la["tokens"].iloc[0]) if "tokens" in la.columns else ONE_IMAGE,
-                       heads=int(la["heads"].iloc[0]) if "heads" in la.columns else KIMI_HEADS)
+                       heads=int(la["heads"].iloc[0]) if "heads" in la.columns else TOWER_HEADS)
     if len(dev):
         out.append("Device time per call at that shape (02's cold CUDA-graph rows): "
                    + ", ".join(f"{name(v)} {fmt_us(dev.loc[v, 'median_us'])}" for v in order if v in dev.index)
@@ -618,7 +618,7 @@ def headline(stem: str, files: dict) -> dict | None:
                                                            *([best] if best else [])), reference=None, fmt="{:.0f}",
                     solid="ours, native, the merged PR path, the engines' shipped Kimi RoPE, the fastest engine kernel")
     if stem == "03_profile":
-        la = files.get("launches.csv")
+        la = files.get(LAUNCHES_CSV)
         if la is None or la.empty:
             return None
         col = "recorded" if "recorded" in la.columns else "launches_per_call"
