@@ -207,6 +207,18 @@ def references(a: dict, heads: int, head_dim: int):
     return (rotated, native_rot), (unrotated, native_lin), scale
 
 
+def _first_call_checked(name: str, fn, args: dict, refs: tuple, start: float) -> tuple[dict, str]:
+    """(correctness columns, note) of ``fn``'s first call on ``args`` (it compiles and
+    autotunes), checked against ``refs`` (``UNROTATED`` variants against x W^T + b); the
+    note is torch.compile's compile time since ``start``."""
+    out = fn(args)
+    if args["x"].device.type == "cuda":
+        torch.cuda.synchronize(args["x"].device)
+    note = f"compiled in {time.perf_counter() - start:.0f} s" if name == "compile_max_autotune" else ""
+    (reference, native), scale = refs[name in UNROTATED], refs[2]
+    return _error(out, reference, native, scale), note
+
+
 def measure_variant(name: str, fn, arg_sets: Sequence[dict], refs: tuple, *,
                     mode: str = "cudagraph", samples: int = 30):
     """(timing or None, note, correctness columns, seconds spent) of ``fn`` over the
@@ -214,17 +226,9 @@ def measure_variant(name: str, fn, arg_sets: Sequence[dict], refs: tuple, *,
     ``references``; unrotated variants,
     ``UNROTATED``, against x W^T + b), then timed by ``timing.time_fn``. A failure
     is returned as the note ("failed: ..."), never raised."""
-    device = arg_sets[0]["x"].device
     try:
         start = time.perf_counter()
-        out = fn(arg_sets[0])  # compiles, autotunes
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        note = (f"compiled in {time.perf_counter() - start:.0f} s"
-                if name == "compile_max_autotune" else "")
-        (reference, native), scale = refs[name in UNROTATED], refs[2]
-        checked = _error(out, reference, native, scale)
-        del out
+        checked, note = _first_call_checked(name, fn, arg_sets[0], refs, start)
         timing = time_fn(fn, [(a,) for a in arg_sets], mode=mode, samples=samples)
         return timing, note, checked, time.perf_counter() - start
     except Exception as e:  # recorded, not raised: a variant failing is a result
@@ -358,17 +362,9 @@ def check_variant(name: str, fn, arg_sets: Sequence[dict], refs: tuple, *,
     (builds operands, compiles), its first output checked against ``refs`` (``UNROTATED``
     variants against x W^T + b), then one sample in ``mode`` (captures a graph). A failure
     is the note ("failed: ..."), never raised."""
-    device = arg_sets[0]["x"].device
     start = time.perf_counter()
     try:
-        out = fn(arg_sets[0])  # compiles, autotunes
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        note = (f"compiled in {time.perf_counter() - start:.0f} s"
-                if name == "compile_max_autotune" else "")
-        (reference, native), scale = refs[name in UNROTATED], refs[2]
-        checked = _error(out, reference, native, scale)
-        del out
+        checked, note = _first_call_checked(name, fn, arg_sets[0], refs, start)
         for a in arg_sets[1:]:
             fn(a)
         sample_fn(fn, [(a,) for a in arg_sets], mode=mode, samples=1, warmup=0)

@@ -245,11 +245,16 @@ def find_source(package: str, path: str, *, root: Path | None = None) -> SourceF
     return found if found is not None else _cached_file(pin, path, root)
 
 
-def loaded_peer_spec(src: SourceFile, **fields) -> dict:
-    """The ``rope_variant(name)`` answer (``variants``' catalogued peers) of a peer whose file
-    ``src`` has loaded: it runs here, at ``src``'s version, hash and origin, as the Variant
-    ``fields`` say. (A peer whose file does not load raises from ``rope_variant`` instead: it is
-    then absent, with the error as why.)"""
+def loaded_peer_spec(name: str, variants: dict) -> dict:
+    """A module's ``rope_variant(name)`` answer (``variants``' catalogued peers) for peers that
+    run one pinned file: ``variants`` maps each name the module builds to (the loader of its
+    file, () -> (SourceFile, module); its Variant fields). The loader runs here: a file that
+    does not load raises (the peer is then absent, with the error as why); one that loads
+    runs here, at its version, hash and origin."""
+    if name not in variants:
+        raise ValueError(f"this module builds {', '.join(variants)}, not {name!r}")
+    load, fields = variants[name]
+    src, _module = load()
     return {"package": src.package, "available": lambda: (True, ""),
             "source": lambda: (src.version, src.sha256, src.origin), **fields}
 

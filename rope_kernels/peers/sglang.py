@@ -61,10 +61,8 @@ def sglang_vision_rope(xq: torch.Tensor, xk: torch.Tensor,
 def rope_variant(name: str) -> dict:
     """The registry's spec of ``sglang_vision`` (the catalogue's ``module`` contract:
     ``variants``); raises when SGLang's file does not load here (the peer is then absent)."""
-    if name != "sglang_vision":
-        raise ValueError(f"rope_kernels.peers.sglang builds sglang_vision, not {name!r}")
-    return loaded_peer_spec(
-        vision_rope_source()[0], fn=sglang_vision_rope, launches=1, launches_fp32=1,
+    return loaded_peer_spec(name, {"sglang_vision": (vision_rope_source, dict(
+        fn=sglang_vision_rope, launches=1, launches_fp32=1,
         description="SGLang 0.5.23 apply_fused_qk_complex_rope: one Triton launch, a rotation pair "
                     "per lane, contiguous q/k out", dtypes=DTYPES,
-        triton_kernels=("_fused_qk_complex_rope_kernel",))
+        triton_kernels=("_fused_qk_complex_rope_kernel",)))})

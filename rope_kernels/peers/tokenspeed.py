@@ -73,12 +73,10 @@ def tokenspeed_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
 def rope_variant(name: str) -> dict:
     """The registry's spec of ``tokenspeed_qkv`` (the catalogue's ``module`` contract:
     ``variants``); raises when tokenspeed's file does not load here (the peer is then absent)."""
-    if name != "tokenspeed_qkv":
-        raise ValueError(f"rope_kernels.peers.tokenspeed builds tokenspeed_qkv, not {name!r}")
-    return loaded_peer_spec(
-        qkv_rotary_source()[0], fn=tokenspeed_qkv_rope, launches=1, launches_fp32=1,
+    return loaded_peer_spec(name, {"tokenspeed_qkv": (qkv_rotary_source, dict(
+        fn=tokenspeed_qkv_rope, launches=1, launches_fp32=1,
         description="tokenspeed-kernel 0.1.4 packed_qkv_complex_rotary: one Triton launch (16 tokens "
                     "x one head a program) from the packed qkv and complex freqs_cis, contiguous q/k "
                     "out; run on stock Triton (its _triton indirection pointed at triton)",
         packed_fn=tokenspeed_qkv_packed, packed_only=True,
-        triton_kernels=("_packed_qkv_complex_rotary_kernel",))
+        triton_kernels=("_packed_qkv_complex_rotary_kernel",)))})

@@ -194,24 +194,21 @@ def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
 def rope_variant(name: str) -> dict:
     """The registry's spec of vLLM variant ``name`` (the catalogue's ``module`` contract:
     ``variants``); raises when vLLM's file does not load here (the peer is then absent)."""
-    if name == "vllm_packed_qk":
-        return loaded_peer_spec(
-            packed_qk_source()[0], fn=vllm_packed_qk_rope, launches=1, launches_fp32=1,
+    return loaded_peer_spec(name, {
+        "vllm_packed_qk": (packed_qk_source, dict(
+            fn=vllm_packed_qk_rope, launches=1, launches_fp32=1,
             description="vLLM 0.34.0 packed_qk_rope_: one in-place Triton launch on the packed qkv",
             packed_fn=vllm_packed_qk_packed, packed_only=True,
-            triton_kernels=("_packed_qk_rope_kernel",))
-    if name == "vllm_rotary_qkv":
-        return loaded_peer_spec(
-            rotary_qkv_source()[0], fn=vllm_rotary_qkv_rope, launches=1, launches_fp32=1,
+            triton_kernels=("_packed_qk_rope_kernel",))),
+        "vllm_rotary_qkv": (rotary_qkv_source, dict(
+            fn=vllm_rotary_qkv_rope, launches=1, launches_fp32=1,
             description="vLLM 0.34.0's bundled flash-attention apply_rotary_emb_qkv_(interleaved=True): "
                         "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
                         "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
-            packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",))
-    if name == "vllm_merged":
-        return loaded_peer_spec(
-            rotary_source()[0], fn=vllm_merged_rope, launches=8, launches_fp32=4,
+            packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",))),
+        "vllm_merged": (rotary_source, dict(
+            fn=vllm_merged_rope, launches=8, launches_fp32=4,
             description="the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
                         "cos/sin copies, then upcast, rotary, cast back, per tensor",
-            triton_kernels=("rotary_kernel",))
-    raise ValueError(f"rope_kernels.peers.vllm builds vllm_packed_qk, vllm_rotary_qkv and "
-                     f"vllm_merged, not {name!r}")
+            triton_kernels=("rotary_kernel",))),
+    })

@@ -104,6 +104,16 @@ def _one_spelling(value):
         return value
 
 
+def _check_line(path: Path, number: int, fields: list[str], header: list[str]) -> None:
+    """Refuse data line ``number`` when it is the header again or holds another number of
+    fields than the header (a malformed or truncated line)."""
+    if fields == header:
+        raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
+    if len(fields) != len(header):
+        raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
+                              f"has {len(header)} (malformed or truncated line)")
+
+
 def _checked_text(path: Path) -> str:
     """The text of a result CSV whose every line parses into the header's fields."""
     try:
@@ -132,11 +142,7 @@ def _checked_text(path: Path) -> str:
         raise ResultFileError(f"{path}:{len(lines)}: the last line is not terminated: "
                               "the file was truncated")
     for number, fields in enumerate(lines[1:], start=2):
-        if fields == header:
-            raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
-        if len(fields) != len(header):
-            raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
-                                  f"has {len(header)} (malformed or truncated line)")
+        _check_line(path, number, fields, header)
     return text
 
 
@@ -349,11 +355,7 @@ def read_results(path: Path, schema: dict[str, object],
                               "the file was truncated; nothing was written")
     kinds = [_kind(schema[c]) if c in schema else "text" for c in columns]
     for number, fields in enumerate(lines[1:], start=2):
-        if fields == header:
-            raise ResultFileError(f"{path}:{number}: the header is repeated mid-file")
-        if len(fields) != len(header):
-            raise ResultFileError(f"{path}:{number}: {len(fields)} fields where the header "
-                                  f"has {len(header)} (malformed or truncated line)")
+        _check_line(path, number, fields, header)
         for name, kind, value in zip(columns, kinds, fields):
             # rows from before a declared added column hold it empty, whatever its type
             if not (_value_ok(value, kind) or (value == "" and name in table.added)):
