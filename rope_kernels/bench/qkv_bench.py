@@ -53,6 +53,7 @@ from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_
 from rope_kernels.peers import quack_gemm as quack
 from rope_kernels.provenance import provenance
 from rope_kernels.qkv import qkv_rope, qkv_rope_operands
+from rope_kernels.vocabulary import KIMI_HEAD_DIM, KIMI_HEADS, KIMI_TOKENS
 
 QKV_VARIANTS = ("cublas_linear", "cublas_linear+fused_rope", "compile_max_autotune",
                 "qkv_rope_linear", "qkv_rope_linear_angles", "qkv_gemm_rotation_compiled_out",
@@ -70,7 +71,7 @@ VARIANT_BACKENDS = {
 }
 # Variants whose output is x W^T + b, q and k not rotated (judged against that).
 UNROTATED = ("cublas_linear",) + tuple(n for n, (_, e) in VARIANT_BACKENDS.items() if e == "none")
-TOKENS = (5476, 21904, 43808, 87616)  # 1, 4, 8, 16 images of 1024 x 1024 (74 x 74 patches)
+TOKENS = KIMI_TOKENS[1:]  # 1, 4, 8, 16 images of 1024 x 1024 (74 x 74 patches)
 ERROR_FLOOR = 1e-6  # of the reference's largest magnitude, added to the tolerance
 
 
@@ -239,9 +240,9 @@ def run_qkv_bench(
     tokens: Sequence[int] = TOKENS,
     *,
     device="cuda",
-    hidden: int = 1152,
-    heads: int = 16,
-    head_dim: int = 72,
+    hidden: int = max(KIMI_HEADS) * KIMI_HEAD_DIM,
+    heads: int = max(KIMI_HEADS),
+    head_dim: int = KIMI_HEAD_DIM,
     mode: str = "cudagraph",
     samples: int = 30,
     rounds: int = 5,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from rope_kernels.atomic_io import write_atomic
 from rope_kernels.provenance import REPO_ROOT
+from rope_kernels.vocabulary import KIMI_HEAD_DIM
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,7 @@ def _tree_valid(tree, root) -> bool:
 
 def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str = "CUDA only",
                         inplace: bool = True, tokens: int = 8, heads: int = 2,
-                        head_dim: int = 72) -> tuple[bool, str]:
+                        head_dim: int = KIMI_HEAD_DIM) -> tuple[bool, str]:
     """(runs here, why not) for a CUDA-only peer: its module must import, a CUDA
     device must be there, and a tiny float64 check must pass (``fn`` rotates the
     packed-qkv views in place, or returns new q/k when ``inplace`` is False) on
