@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rope_kernels.kernels.checks import (check_cos_sin, check_qk, check_triton_device,
-                                         check_writable_in_place)
+from rope_kernels.kernels.checks import (check_cos_sin, check_patch_coords, check_qk,
+                                         check_triton_device, check_writable_in_place)
 from rope_kernels.kernels.fused import (RowsConfig, check_cache_hints, fused_qk_rope,
                                         fused_launch_config, head_dim_chunks, rows_launch_config,
                                         qk_strides, vector_width)
@@ -406,16 +406,11 @@ def fused_qk_rope_persistent(xq: torch.Tensor, xk: torch.Tensor, cos: torch.Tens
 
 
 def _check_coords_freqs(coords, freqs, xq) -> None:
-    for name, t in (("coords", coords), ("freqs", freqs)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != xq.device:
-            raise ValueError(f"{name} is on {t.device} but xq is on {xq.device}")
-    if coords.dtype != torch.int32:
-        raise TypeError(f"coords must be int32 (row, column) pairs, got {coords.dtype}")
-    if tuple(coords.shape) != (xq.shape[0], 2) or not coords.is_contiguous():
-        raise ValueError(f"coords must be contiguous with shape (tokens, 2) = ({xq.shape[0]}, 2), "
-                         f"got {tuple(coords.shape)}")
+    check_patch_coords(coords, xq, "xq")
+    if not isinstance(freqs, torch.Tensor):
+        raise TypeError(f"freqs must be a torch.Tensor, got {type(freqs).__name__}")
+    if freqs.device != xq.device:
+        raise ValueError(f"freqs is on {freqs.device} but xq is on {xq.device}")
     if freqs.dtype != torch.float32 or tuple(freqs.shape) != (xq.shape[2] // 4,) \
             or not freqs.is_contiguous():
         raise ValueError(f"freqs must be a contiguous float32 vector of head_dim/4 = "

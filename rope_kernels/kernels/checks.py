@@ -364,6 +364,20 @@ def check_qkv_operands(x, w_qkv, b_qkv, head_dim: int, heads: int | None = None,
     return heads
 
 
+def check_patch_coords(coords, x: torch.Tensor, x_name: str = "x") -> None:
+    """``coords``: each token's patch (row, column), int32 (tokens, 2), contiguous, one row
+    per row of ``x`` and on its device (``x_name``: how the message names ``x``)."""
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
+    if coords.device != x.device:
+        raise ValueError(f"coords is on {coords.device} but {x_name} is on {x.device}")
+    if coords.dtype != torch.int32:
+        raise TypeError(f"coords must be int32 (row, column) pairs, got {coords.dtype}")
+    if tuple(coords.shape) != (x.shape[0], 2) or not coords.is_contiguous():
+        raise ValueError(f"coords must be contiguous with shape (tokens, 2) = ({x.shape[0]}, 2), "
+                         f"got {tuple(coords.shape)}")
+
+
 def check_qkv_out(out, shape: tuple, x: torch.Tensor, inputs: dict) -> None:
     """A given ``out=``: a contiguous tensor of the packed shape, x's dtype and device,
     sharing no memory with any of ``inputs`` (name -> tensor or None). Each message names

@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rope_kernels.kernels.checks import (check_no_autograd, check_positive_int,
-                                         check_qkv_operands, check_qkv_out,
+from rope_kernels.kernels.checks import (check_no_autograd, check_patch_coords,
+                                         check_positive_int, check_qkv_operands, check_qkv_out,
                                          check_triton_device, triton_interpreter_enabled)
 from rope_kernels.kernels.fused import cos_sin_vector, interleaved_cos_sin
 
@@ -535,16 +535,9 @@ def _check_angles(x, w_qkv, b_qkv, coords, freqs, heads: int | None) -> tuple[in
                          f"{freqs.dtype} of shape {tuple(freqs.shape)}")
     head_dim = 4 * freqs.shape[0]
     heads = check_qkv_operands(x, w_qkv, b_qkv, head_dim, heads, "freqs (head_dim/4,)")
-    if not isinstance(coords, torch.Tensor):
-        raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
-    if coords.dtype != torch.int32:
-        raise TypeError(f"coords must be int32 (row, column) pairs, got {coords.dtype}")
-    if tuple(coords.shape) != (x.shape[0], 2) or not coords.is_contiguous():
-        raise ValueError(f"coords must be contiguous with shape (tokens, 2) = ({x.shape[0]}, 2), "
-                         f"got {tuple(coords.shape)}")
-    for name, t in (("coords", coords), ("freqs", freqs)):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    check_patch_coords(coords, x)
+    if freqs.device != x.device:
+        raise ValueError(f"freqs is on {freqs.device} but x is on {x.device}")
     return heads, head_dim
 
 

@@ -410,6 +410,20 @@ def saving_vs_native(ttft: pd.DataFrame, *, modes: Sequence[str] | None = None,
     return finish(fig, ttft, _variant_handles(names), extra=styles, title=how)
 
 
+def _ttft_lines(ax, panel: pd.DataFrame, names: Sequence[str], floor: str, ttft: str,
+                prefill: str) -> pd.DataFrame:
+    """A panel's TTFT against images: a line per variant (``floor`` dashed) from column
+    ``ttft``, the prefill alone (column ``prefill``) dotted; returns the prefill's rows."""
+    for name in names:
+        rows = panel[panel.variant == name].sort_values("images")
+        if len(rows):
+            ax.plot(rows.images, rows[ttft], color=variant_color(name), marker="o", ms=4.5,
+                    lw=1.6, ls="--" if name == floor else "-")
+    rows = panel.drop_duplicates("images").sort_values("images")
+    ax.plot(rows.images, rows[prefill], color="k", ls=":", lw=1.2)
+    return rows
+
+
 def time_to_first_token(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[str] | None = None,
                         variants: Sequence[str] | None = None, floor: str = "none",
                         ncols: int = 3):
@@ -422,13 +436,7 @@ def time_to_first_token(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[
     fig, axes = panel_grid(len(res), ncols=ncols)
     for ax, r in zip(axes, res):
         panel = sub[sub.resolution == r]
-        for name in names:
-            rows = panel[panel.variant == name].sort_values("images")
-            if len(rows):
-                ax.plot(rows.images, rows.modelled_ttft_ms, color=variant_color(name), marker="o", ms=4.5,
-                        lw=1.6, ls="--" if name == floor else "-")
-        prefill = panel.drop_duplicates("images").sort_values("images")
-        ax.plot(prefill.images, prefill.modelled_prefill_ms, color="k", ls=":", lw=1.2)
+        prefill = _ttft_lines(ax, panel, names, floor, "modelled_ttft_ms", "modelled_prefill_ms")
         ax.fill_between(prefill.images, prefill.modelled_prefill_fast_ms, prefill.modelled_prefill_slow_ms,
                         color="0.6", alpha=0.25, lw=0)
         _image_axis(ax, panel.images)
@@ -535,13 +543,7 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                                                           & (anchors["unit"] == "ms")]
     for ax, pol in zip(axes, pols):
         panel = sub[sub.encoder_policy == pol]
-        for name in names:
-            rows = panel[panel.variant == name].sort_values("images")
-            if len(rows):
-                ax.plot(rows.images, rows.ttft_ms, color=variant_color(name), marker="o", ms=4.5,
-                        lw=1.6, ls="--" if name == floor else "-")
-        prefill = panel.drop_duplicates("images").sort_values("images")
-        ax.plot(prefill.images, prefill.prefill_ms, color="k", ls=":", lw=1.2)
+        prefill = _ttft_lines(ax, panel, names, floor, "ttft_ms", "prefill_ms")
         base = panel[panel.variant == "native"].sort_values("images")
         if len(base):
             ax.fill_between(base.images, base.encoder_ms + base.hand_prefill_fast_ms,
