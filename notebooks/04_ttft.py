@@ -362,7 +362,7 @@ print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_mo
 print(f"aiconfigurator's vLLM tables for Kimi-K2.5 cover: {', '.join(aic_covered_systems()) or '(not installed)'}")
 ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_prefill_tokens", "prefill_ms",
                                                 "prefill_tables", "prefill_effective_mfu", "hand_prefill_fast_ms",
-                                                "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3)
+                                                "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3).reset_index(drop=True)
 
 # %% [markdown]
 # TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
