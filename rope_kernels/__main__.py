@@ -212,8 +212,11 @@ def _targets(args) -> int:
 
 
 def _findings(args) -> int:
+    from rope_kernels.bench import compile_matrix
+    from rope_kernels.bench.compile_matrix import COMPILE_MATRIX_CSV
     from rope_kernels.study import summaries
     from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.results import read_table
     from rope_kernels.study.findings import (DEVICE, read_readme, readme_section,
                                              render_findings, write_readme)
     from rope_kernels.atomic_io import write_atomic
@@ -226,18 +229,25 @@ def _findings(args) -> int:
         text = read_readme(readme) if readme.exists() else ""
         top = summaries.readme_block(summaries.load(folder), folder.name) \
             if summaries.README_BEGIN in text else None
+        # the ROCm section's register budgets, from the compile matrix beside the device folders
+        blocks = [(top, summaries.README_BEGIN, summaries.README_END)] if top is not None else []
+        matrix = folder.parent / "compile" / COMPILE_MATRIX_CSV.name
+        if compile_matrix.README_BEGIN in text and matrix.is_file():
+            blocks.append((compile_matrix.readme_block(read_table(matrix)),
+                           compile_matrix.README_BEGIN, compile_matrix.README_END))
         if args.write:
             changed = write_readme(readme, section)
-            if top is not None:
-                text = read_readme(readme)
-                new = summaries.replace_readme_summary(text, top)
-                if new != text:
-                    write_atomic(readme, new, through_link=True, keep_mode=True)
-                    changed = True
+            text = read_readme(readme)
+            new = text
+            for block, begin, end in blocks:
+                new = summaries.replace_readme_summary(new, block, begin, end)
+            if new != text:
+                write_atomic(readme, new, through_link=True, keep_mode=True)
+                changed = True
             print(f"{readme}: findings {'rewritten' if changed else 'already up to date'} from {folder}")
         elif args.check:
-            if readme_section(read_readme(readme), str(readme)) != section or (
-                    top is not None and summaries.readme_summary(text) != top):
+            if readme_section(read_readme(readme), str(readme)) != section or any(
+                    summaries.readme_summary(text, begin, end) != block for block, begin, end in blocks):
                 print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
                       "run: python -m rope_kernels findings --write", file=sys.stderr)
                 return 1

@@ -263,3 +263,46 @@ def test_a_gemm_epilogue_under_the_floor_is_said_to_owe_it_to_its_gemm():
     assert "cuBLAS's time alone" not in "\n".join(_below_floor(enc, pd.DataFrame()))
     # at or above the floor in both modes: no line
     assert _below_floor(enc.assign(median_ms=100.0), qkv) == []
+
+
+def test_readme_compile_block_is_what_the_committed_matrix_gives():
+    """The ROCm section's register budgets are generated from data/compile/compile_matrix.csv."""
+    from rope_kernels.bench import compile_matrix as C
+    from rope_kernels.study import summaries
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    committed = summaries.readme_summary(readme, C.README_BEGIN, C.README_END)
+    assert committed == C.readme_block(pd.read_csv(C.COMPILE_MATRIX_CSV)), (
+        "README.md's compile block differs from data/compile/compile_matrix.csv; "
+        "run: python -m rope_kernels findings --write")
+
+
+def test_a_changed_compile_row_changes_the_block_and_check_fails(tmp_path, capsys):
+    """One spilling fused compile, one more register: the paragraph says so, --check fails, --write mends."""
+    from rope_kernels.__main__ import main
+    from rope_kernels.bench import compile_matrix as C
+
+    table = pd.read_csv(C.COMPILE_MATRIX_CSV)
+    fused_sm90 = (table["kernel"] == "fused") & (table["target"] == "sm_90")
+    row = table.index[fused_sm90][0]
+    table.loc[row, "spills"] = True
+    table.loc[table["kernel"] == "vllm_merged_recreated", "registers"] = 77
+    text = C.readme_block(table)
+    assert text != C.readme_block(pd.read_csv(C.COMPILE_MATRIX_CSV))
+    assert "spills in 1 of" in text and "merged-path kernel 77 registers" in text
+    table.loc[row, "compiled"] = False
+    assert "1 failed compile(s)" in C.readme_block(table)
+
+    (tmp_path / "data" / "compile").mkdir(parents=True)
+    dev = tmp_path / "data" / "gpu-z"
+    dev.mkdir()
+    _micro({"native": (100.0, False, ""), "fused": (10.0, False, "")}).to_csv(dev / "microbench.csv", index=False)
+    pd.read_csv(C.COMPILE_MATRIX_CSV).to_csv(tmp_path / "data" / "compile" / "compile_matrix.csv", index=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{F.FINDINGS_BEGIN}\n{F.FINDINGS_END}\n\n{C.README_BEGIN}\nstale 26-34 VGPRs\n{C.README_END}\n")
+    args = ["findings", "--data-root", str(tmp_path / "data"), "--device", "gpu-z", "--readme", str(readme)]
+    assert main(args + ["--write"]) == 0
+    assert main(args + ["--check"]) == 0
+    assert "stale" not in readme.read_text() and "VGPRs" in readme.read_text()
+    readme.write_text(readme.read_text().replace("VGPRs", "vgprs", 1))
+    assert main(args + ["--check"]) == 1 and "differ" in capsys.readouterr().err

@@ -569,18 +569,19 @@ def readme_block(files: dict, device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_summary(readme: str) -> str:
-    """The text between the summary markers of ``readme``."""
-    if README_BEGIN not in readme or README_END not in readme:
-        raise ValueError("README.md has no summary markers (" + README_BEGIN + " ... " + README_END + ")")
-    return readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n") + "\n"
+def readme_summary(readme: str, begin: str = README_BEGIN, end: str = README_END) -> str:
+    """The text between the summary markers of ``readme`` (or another generated block's)."""
+    if begin not in readme or end not in readme:
+        raise ValueError("README.md has no markers " + begin + " ... " + end)
+    return readme.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"
 
 
-def replace_readme_summary(readme: str, block: str) -> str:
-    """``readme`` with its summary section replaced by ``block``."""
-    readme_summary(readme)  # the markers are there
-    before, rest = readme.split(README_BEGIN, 1)
-    return f"{before}{README_BEGIN}\n{block}{README_END}{rest.split(README_END, 1)[1]}"
+def replace_readme_summary(readme: str, block: str, begin: str = README_BEGIN,
+                           end: str = README_END) -> str:
+    """``readme`` with its summary section (or another generated block) replaced by ``block``."""
+    readme_summary(readme, begin, end)  # the markers are there
+    before, rest = readme.split(begin, 1)
+    return f"{before}{begin}\n{block}{end}{rest.split(end, 1)[1]}"
 
 
 def load(device_dir: Path) -> dict:
