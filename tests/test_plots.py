@@ -216,3 +216,45 @@ def test_crowded_plots_group_variants_and_fade_all_but_the_ones_that_matter():
     labels = [h.get_label() for h in plots.grouped_handles(names, solid)]
     assert labels[0] == "OURS" and labels.index("THE ENGINES' KERNELS") < labels.index("BASELINES")
     assert plots.emphasised(data[data.variant.isin(names[:5])], names[:5], "median_us", "tokens") == set(names[:5])
+
+
+
+def _one_policy_ttft():
+    """ttft_vs_images rows as a CPU run has them: one encoder policy, one resolution, 1-2 images."""
+    rows = []
+    for variant, enc in (("native", 20.0), ("fused", 15.0), ("vllm_packed_qk", 230.0), ("none", 14.0),
+                         ("sglang_vision", 80.0), ("vllm_merged", 600.0), ("gemm_epilogue", 70.0)):
+        for images in (1, 2):
+            rows.append({"variant": variant, "resolution": "56x56", "encoder_policy": "eager",
+                         "images": images, "encoder_ms": enc * images, "prefill_ms": 5.0 * images,
+                         "ttft_ms": (enc + 5.0) * images, "hand_prefill_fast_ms": 3.0 * images,
+                         "hand_prefill_slow_ms": 9.0 * images, "prefill_source": "hand model",
+                         "prefill_package": "", "prefill_parallelism": "8 GPUs", "device_kind": "cpu"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("draw", ["ttft_vs_images", "saving_vs_native", "encoder_latency", "kernel_panels"])
+def test_titles_and_legends_never_overlap(draw):
+    """A figure title never runs into the legend, even beside one narrow panel (a CPU run's
+    TTFT and saving plots: one mode, one resolution, one encoder policy)."""
+    one = _ttft("cpu")
+    one = one[(one["resolution"] == "448x448") & (one["images"] <= 2) & (one["variant"] == "fused")]
+    one = pd.concat([one.assign(variant=v) for v in _one_policy_ttft()["variant"].unique()])
+    if draw == "ttft_vs_images":
+        fig = plots.ttft_vs_images(_one_policy_ttft(), resolution="56x56")
+    elif draw == "saving_vs_native":
+        fig = plots.saving_vs_native(one, modes=["eager"])
+    elif draw == "encoder_latency":
+        fig = plots.encoder_latency(one, mode="eager")
+    else:
+        fig = plots.kernel_panels(_bench()[lambda d: d["heads"] == 2], "median_us", "median [us]")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle
+    assert fig.legends
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        if title is not None and title.get_text():
+            assert not title.get_window_extent(renderer).overlaps(box), title.get_text()
+        for ax in fig.axes:
+            assert not ax.title.get_window_extent(renderer).overlaps(box), ax.title.get_text()

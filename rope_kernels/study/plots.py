@@ -227,11 +227,26 @@ def finish(fig, data: pd.DataFrame, handles: Sequence[Line2D], *, title: str | N
                         frameon=False)
     legend.set_in_layout(True)
     if title:
-        fig.suptitle(title, fontsize=10, x=0.02, ha="left")
+        _fit_title(fig, fig.suptitle(title, fontsize=10, x=0.02, ha="left"), legend)
     if is_cpu_run(data):  # below the panels, where neither the legend nor the title sits
         width = max(40, int(fig.get_figwidth() * 13))
         fig.supxlabel(textwrap.fill(CPU_CAVEAT, width), fontsize=10, color="#b00020")
     return fig
+
+
+def _fit_title(fig, suptitle, legend) -> None:
+    """Wrap a figure title that would run into the legend (beside one or two narrow panels the
+    legend's top reaches the title's line) to the width left of the legend."""
+    renderer = fig.canvas.get_renderer()
+    for _ in range(3):  # the layout moves when the title takes another line
+        fig.canvas.draw()
+        text, box = suptitle.get_window_extent(renderer), legend.get_window_extent(renderer)
+        if not text.overlaps(box):
+            return
+        room = box.x0 - text.x0 - 8
+        longest = max(len(line) for line in suptitle.get_text().split("\n"))
+        chars = max(12, int(longest * room / max(text.width, 1)))
+        suptitle.set_text(textwrap.fill(suptitle.get_text().replace("\n", " "), chars))
 
 
 def _ordered(values, order: Sequence | None = None) -> list:
@@ -555,8 +570,8 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
         ax.set_ylim(bottom=0)
         ax.set_title(textwrap.fill(pol, 40))
         ax.set_ylabel("time to first token [ms]")
-    source = "; ".join(sorted(set(sub.prefill_source.astype(str) + " " + sub.prefill_package.fillna("").astype(str)
-                                  + " " + sub.prefill_parallelism.astype(str))))
+    source = "; ".join(sorted({" ".join(str(p) for p in parts if str(p).strip()) for parts in zip(
+        sub.prefill_source, sub.prefill_package.fillna(""), sub.prefill_parallelism)}))
     extra = [Line2D([], [], color="k", ls=":", label="LLM prefill alone"),
              Patch(color="0.6", alpha=0.25, label="native + hand-model prefill band")]
     for i, (_, a) in enumerate(marks.iterrows()):  # other models, GPUs and loads: context
