@@ -226,27 +226,47 @@ def finish(fig, data: pd.DataFrame, handles: Sequence[Line2D], *, title: str | N
     legend = fig.legend(handles=list(handles) + list(extra), loc="outside right upper",
                         frameon=False)
     legend.set_in_layout(True)
-    if title:
-        _fit_title(fig, fig.suptitle(title, fontsize=10, x=0.02, ha="left"), legend)
     if is_cpu_run(data):  # below the panels, where neither the legend nor the title sits
         width = max(40, int(fig.get_figwidth() * 13))
         fig.supxlabel(textwrap.fill(CPU_CAVEAT, width), fontsize=10, color="#b00020")
+    # last: everything that takes room is placed, so the wrapping sees the final layout
+    _fit_text(fig, legend, fig.suptitle(title, fontsize=10, x=0.02, ha="left") if title else None)
     return fig
 
 
-def _fit_title(fig, suptitle, legend) -> None:
-    """Wrap a figure title that would run into the legend (beside one or two narrow panels the
-    legend's top reaches the title's line) to the width left of the legend."""
+def _wrapped(text: str, size: float, room: float) -> str | None:
+    """``text`` wrapped so its longest line, ``size`` long now, fits ``room``; None if it fits."""
+    if size <= room:
+        return None
+    longest = max(len(line) for line in text.split("\n"))
+    return textwrap.fill(text.replace("\n", " "), max(10, int(longest * room / max(size, 1)) - 1))
+
+
+def _fit_text(fig, legend, suptitle=None) -> None:
+    """Wrap what would collide, until nothing does (each wrap moves the layout): a y label
+    taller than its panel (it reaches into the title's line) and a figure title that runs
+    into the legend (beside one or two narrow panels the legend's top reaches the title)."""
     renderer = fig.canvas.get_renderer()
-    for _ in range(3):  # the layout moves when the title takes another line
+    for _ in range(4):
         fig.canvas.draw()
-        text, box = suptitle.get_window_extent(renderer), legend.get_window_extent(renderer)
-        if not text.overlaps(box):
+        changed = False
+        for ax in fig.axes:
+            label = ax.yaxis.label
+            if ax.get_visible() and label.get_text():
+                new = _wrapped(label.get_text(), label.get_window_extent(renderer).height,
+                               ax.get_window_extent(renderer).height)
+                if new is not None and new != label.get_text():
+                    label.set_text(new)
+                    changed = True
+        if suptitle is not None:
+            text, box = suptitle.get_window_extent(renderer), legend.get_window_extent(renderer)
+            if text.overlaps(box):
+                new = _wrapped(suptitle.get_text(), text.width, box.x0 - text.x0 - 8)
+                if new is not None and new != suptitle.get_text():
+                    suptitle.set_text(new)
+                    changed = True
+        if not changed:
             return
-        room = box.x0 - text.x0 - 8
-        longest = max(len(line) for line in suptitle.get_text().split("\n"))
-        chars = max(12, int(longest * room / max(text.width, 1)))
-        suptitle.set_text(textwrap.fill(suptitle.get_text().replace("\n", " "), chars))
 
 
 def _ordered(values, order: Sequence | None = None) -> list:
