@@ -248,8 +248,8 @@ def _findings(args) -> int:
         elif args.check:
             if readme_section(read_readme(readme), str(readme)) != section or any(
                     summaries.readme_summary(text, begin, end) != block for block, begin, end in blocks):
-                print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows; "
-                      "run: python -m rope_kernels findings --write", file=sys.stderr)
+                print(f"rope-study: error: {readme}'s findings differ from {folder}'s rows (or its compile "
+                      f"block from {matrix}); run: python -m rope_kernels findings --write", file=sys.stderr)
                 return 1
             print(f"{readme}: findings match {folder}")
         else:

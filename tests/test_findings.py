@@ -269,10 +269,11 @@ def test_readme_compile_block_is_what_the_committed_matrix_gives():
     """The ROCm section's register budgets are generated from data/compile/compile_matrix.csv."""
     from rope_kernels.bench import compile_matrix as C
     from rope_kernels.study import summaries
+    from rope_kernels.study.results import read_table
 
     readme = (REPO_ROOT / "README.md").read_text()
     committed = summaries.readme_summary(readme, C.README_BEGIN, C.README_END)
-    assert committed == C.readme_block(pd.read_csv(C.COMPILE_MATRIX_CSV)), (
+    assert committed == C.readme_block(read_table(C.COMPILE_MATRIX_CSV)), (
         "README.md's compile block differs from data/compile/compile_matrix.csv; "
         "run: python -m rope_kernels findings --write")
 

@@ -218,7 +218,6 @@ def test_crowded_plots_group_variants_and_fade_all_but_the_ones_that_matter():
     assert plots.emphasised(data[data.variant.isin(names[:5])], names[:5], "median_us", "tokens") == set(names[:5])
 
 
-
 def _one_policy_ttft():
     """ttft_vs_images rows as a CPU run has them: one encoder policy, one resolution, 1-2 images."""
     rows = []
