@@ -156,6 +156,14 @@ class CommModel:
 COMM_MODEL = CommModel()
 
 
+def one_gpu_rows(rows):
+    """The rows of the whole encoder on one GPU (``encoder_parallel`` 1gpu; rows from before the
+    column are all such): what the study's per-bucket comparisons and targets read."""
+    if "encoder_parallel" not in getattr(rows, "columns", ()):
+        return rows
+    return rows[rows["encoder_parallel"].fillna("1gpu") == "1gpu"]
+
+
 def prefill_chunks(tokens: int, chunk: int = VLLM_MAX_NUM_BATCHED_TOKENS) -> list[tuple[int, int]]:
     """vLLM's chunked prefill of one request alone in the batch: (prefix, size) per step, each
     chunk ``chunk`` tokens (the last the rest) attending to the ``prefix`` before it."""
