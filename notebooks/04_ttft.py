@@ -100,7 +100,7 @@ cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
-from rope_kernels.model.encoder_parallel import COMM_MODEL, gpu_images, world_size
+from rope_kernels.model.encoder_parallel import gpu_images, parallel_columns
 # one GPU's encoder per parallel mode: tp8's shard of every layer, the whole encoder otherwise
 models = {p: model if p != "tp8" else MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed,
                                                      encoder_parallel=p) for p in encoder_parallel}
@@ -143,11 +143,8 @@ one_gpu_rows = {}  # (resolution, images, mode) -> the whole encoder's rows of t
 for b, par, mode in tqdm(work, desc="encoder buckets", disable=not progress):
     # the work one GPU does: dp8's slowest GPU encodes ceil(images / 8) images, tp8's its shard
     timed = make_bucket(b.resolution, gpu_images(par, b.images))
-    comm = COMM_MODEL.comm_ms(par, vit_tokens=b.vit_tokens, images=b.images, hidden=cfg.hidden,
-                              layers=cfg.layers, merged_hidden=cfg.text_hidden, merge=cfg.merge)
-    parallel = dict(images=b.images, vit_tokens=b.vit_tokens, llm_tokens=b.llm_tokens, encoder_parallel=par,
-                    world_size=world_size(par), gpu_images=timed.images, gpu_vit_tokens=timed.vit_tokens,
-                    comm_ms=comm, comm_model=COMM_MODEL.describe() if par != "1gpu" else "none (one GPU)")
+    parallel = parallel_columns(par, images=b.images, vit_tokens=b.vit_tokens, gpu_vit_tokens=timed.vit_tokens,
+                                hidden=cfg.hidden, layers=cfg.layers, merged_hidden=cfg.text_hidden, merge=cfg.merge)
     if par == "dp8" and (b.resolution, timed.images, mode) in one_gpu_rows:
         # the slowest GPU's share is the whole encoder on gpu_images images: timed already (1gpu)
         rows += [dict(r, **parallel) for r in one_gpu_rows[(b.resolution, timed.images, mode)]]

@@ -156,6 +156,20 @@ class CommModel:
 COMM_MODEL = CommModel()
 
 
+def parallel_columns(mode: str, *, images: int, vit_tokens: int, gpu_vit_tokens: int, hidden: int, layers: int,
+                     merged_hidden: int, merge: int = 2, comm: CommModel = COMM_MODEL) -> dict:
+    """The columns an encoder row of ``mode`` carries: the request's ``images`` and ``vit_tokens``
+    (what the language model prefills), the timed GPU's share (``gpu_images``, ``gpu_vit_tokens``),
+    ``world_size`` and the modelled collectives (``comm_ms``, named in ``comm_model``)."""
+    mode = check_mode(mode)
+    return {"images": _positive("images", images), "vit_tokens": vit_tokens, "llm_tokens": vit_tokens // merge**2,
+            "encoder_parallel": mode, "world_size": world_size(mode), "gpu_images": gpu_images(mode, images),
+            "gpu_vit_tokens": gpu_vit_tokens,
+            "comm_ms": comm.comm_ms(mode, vit_tokens=vit_tokens, images=images, hidden=hidden, layers=layers,
+                                    merged_hidden=merged_hidden, merge=merge),
+            "comm_model": comm.describe() if mode != "1gpu" else "none (one GPU)"}
+
+
 def one_gpu_rows(rows):
     """The rows of the whole encoder on one GPU (``encoder_parallel`` 1gpu; rows from before the
     column are all such): what the study's per-bucket comparisons and targets read."""
