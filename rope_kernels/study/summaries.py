@@ -272,7 +272,8 @@ def kernels_lines(files: dict) -> list[str]:
     sup = c[c["supported"].astype(str) == "True"]
     failed = sup[sup["passed"].astype(str) != "True"]
     shapes = c.drop_duplicates(["tokens", "heads", "head_dim"]).shape[0]
-    out = [f"{c['variant'].nunique()} variants were checked against float64 on {shapes} shapes in "
+    # the variants that ran (a variant absent here has rows, all of them not run)
+    out = [f"{sup['variant'].nunique()} variants were checked against float64 on {shapes} shapes in "
            f"{', '.join(sorted(set(c['dtype'])))} ({len(sup)} rows ran): "
            + ("every one matched within its tolerance." if failed.empty else
               f"{len(failed)} failed ({', '.join(sorted(set(failed['variant'])))}).")]
@@ -284,6 +285,14 @@ def kernels_lines(files: dict) -> list[str]:
         out.append(f"In bf16 our kernels' largest error is {ours['r'].max():.2f}x the error native makes in "
                    f"the same dtype; over every variant that ran it is {F.span(worst, '{:.2f}', ' to ')}x.")
     refused = c[c["supported"].astype(str) == "False"]
+    # a peer whose package is not installed here ("absent here: ..." rows) was not refused by its kernel
+    absent = refused["reason"].astype(str).str.startswith("absent") if "reason" in refused.columns else \
+        pd.Series(False, index=refused.index)
+    for v, g in refused[absent].groupby("variant", sort=True):
+        why = str(g["reason"].iloc[0]).split(":", 1)[1].strip()
+        why = why[len("not run:"):].strip() if why.startswith("not run:") else why
+        out.append(f"Not installed here, so not run: {name(v)} ({why}).")
+    refused = refused[~absent]
     if len(refused):
         dims = sorted({int(d) for d in c["head_dim"]})
 
@@ -525,9 +534,17 @@ def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
     source = (f"{row['prefill_package']} ({row['prefill_system']}, {row['prefill_backend']} tables "
               f"{row['prefill_tables_version']}, {row['prefill_parallelism']})"
               if row.get("prefill_source") == "aiconfigurator" else f"the hand model ({row.get('prefill_note', '')})")
+    # the largest prompt: how its prefill ran (chunks), and where it lies past the tables
+    big = t[t["images"] == t["images"].max()].iloc[0]
+    how = ""
+    if "prefill_chunks" in t.columns and _ok(big.get("prefill_chunks")):
+        how = f" At {int(big['images'])} images the prefill is {big['prefill_note']}."
+    elif str(big.get("prefill_tables", "")).startswith("extrapolated"):
+        how = (f" At {int(big['images'])} images ({int(big['llm_prefill_tokens']):,} prefill tokens) the prefill is "
+               f"{big['prefill_tables']}.")
     return [f"Time to first token at {T.ENCODER_BUCKET[0]} with the whole encoder on one GPU under vLLM's default "
             f"launch policy (encoder eager), prefill from "
-            f"{source}: " + "; ".join(parts) + "."]
+            f"{source}: " + "; ".join(parts) + "." + how]
 
 
 NO_ROPE_QKV = ("cublas_linear", "quack_gemm")  # QKV GEMMs that rotate nothing: references, not candidates
