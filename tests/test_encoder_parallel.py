@@ -233,3 +233,15 @@ def test_the_targets_and_the_first_finding_read_the_modes(tmp_path, monkeypatch)
     assert first.index("`tp8`") < first.index("`dp8`")  # the default mode first
     without = S.served_lines({"time_to_first_token.csv": ttft[ttft.encoder_parallel == "1gpu"]})[0]
     assert "no `tp8` rows" in without
+
+
+def test_encoder_rows_without_the_mode_are_written_as_the_whole_encoder(tmp_path):
+    """A writer that predates the modes (no encoder_parallel) still upserts: its rows are 1gpu."""
+    from rope_kernels.study.results import upsert_csv
+
+    row = {"variant": "native", "resolution": "448x448", "images": 1, "mode": "eager", "device_name": "X",
+           "median_ms": 2.0, "vit_tokens": 1024}
+    merged = upsert_csv(tmp_path / "encoder_latency.csv", [row])
+    assert merged.encoder_parallel.tolist() == ["1gpu"]
+    shard = pd.DataFrame([{**row, "median_ms": 0.5, "encoder_parallel": "tp8"}])
+    assert sorted(upsert_csv(tmp_path / "encoder_latency.csv", shard).encoder_parallel) == ["1gpu", "tp8"]
