@@ -88,29 +88,31 @@ def _positive(name, v) -> int:
     return operator.index(v)
 
 
-def tp_degree(mode: str) -> int:
-    """How many ways one GPU's layer weights are split: 8 for tp8, else 1."""
-    return WORLD if check_mode(mode) == "tp8" else 1
+def tp_degree(mode: str, world: int = WORLD) -> int:
+    """How many ways one GPU's layer weights are split: ``world`` (8) for tp8, else 1. ``world``:
+    the distributed runner's own group size (bench/distributed_encoder.py: 2 on a CPU test)."""
+    return _positive("world", world) if check_mode(mode) == "tp8" else 1
 
 
-def gpu_images(mode: str, images: int) -> int:
+def gpu_images(mode: str, images: int, world: int = WORLD) -> int:
     """Images the slowest GPU encodes: ceil(images / 8) for dp8, all of them otherwise."""
     n = _positive("images", images)
-    return math.ceil(n / WORLD) if check_mode(mode) == "dp8" else n
+    return math.ceil(n / _positive("world", world)) if check_mode(mode) == "dp8" else n
 
 
-def world_size(mode: str) -> int:
-    return 1 if check_mode(mode) == "1gpu" else WORLD
+def world_size(mode: str, world: int = WORLD) -> int:
+    return 1 if check_mode(mode) == "1gpu" else _positive("world", world)
 
 
-def layer_gemms(hidden: int, heads: int, mlp: int, mode: str) -> dict[str, tuple[int, int]]:
+def layer_gemms(hidden: int, heads: int, mlp: int, mode: str, world: int = WORLD) -> dict[str, tuple[int, int]]:
     """One GPU's GEMMs of one encoder layer under ``mode``, as (K, N) (input, output features):
     QKV and fc1 column parallel (N / tp), proj and fc2 row parallel (K / tp); plus its heads."""
-    tp = tp_degree(mode)
+    tp = tp_degree(mode, world)
     for name, v in (("hidden", hidden), ("heads", heads), ("mlp", mlp)):
         _positive(name, v)
     if heads % tp or hidden % tp or mlp % tp:
-        raise ValueError(f"{mode}: heads ({heads}), hidden ({hidden}) and mlp ({mlp}) must divide by {tp}")
+        raise ValueError(f"{mode} over {tp} GPUs: heads ({heads}), hidden ({hidden}) and mlp ({mlp}) must "
+                         f"divide by {tp}")
     return {"qkv": (hidden, 3 * hidden // tp), "proj": (hidden // tp, hidden),
             "fc1": (hidden, mlp // tp), "fc2": (mlp // tp, hidden), "heads": (heads // tp, hidden // heads)}
 
