@@ -500,8 +500,11 @@ def served_lines(files: dict, policy: str = "eager") -> list[str]:
                      f"TTFT ({100 * saved / nat:.2f}%)" + (f", collectives {comm:.1f} ms (modelled)" if comm else ""))
     if not parts:
         return [head]
+    models = sorted({str(m) for m in t.loc[t["encoder_parallel"] != "1gpu", "comm_model"].dropna()}) \
+        if "comm_model" in t.columns else []
     return [head + " What the RoPE choice buys in TTFT (encoder eager, vLLM's default; the encoder time "
-                   "measured on one GPU's share, the prefill chunked as vLLM runs it): " + "; ".join(parts) + "."]
+                   "measured on one GPU's share, the prefill chunked as vLLM runs it): " + "; ".join(parts) + "."
+            + (f" Collectives {'; '.join(models)}." if models else "")]
 
 
 def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
