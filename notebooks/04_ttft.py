@@ -40,6 +40,11 @@ llm_backend = "vllm"  # aiconfigurator's tables (its SGLang/TRT-LLM paths mis-si
 llm_tp = 8  # tensor parallel of attention and dense layers
 llm_moe_ep = 8  # expert parallel of the routed experts (MoE TP = llm_tp / llm_moe_ep)
 encoder_graph_tokens = 5120  # vLLM's largest encoder CUDA graph, in merged tokens
+# how the encoder is spread over 8 GPUs: 1gpu (whole), tp8 (weights split: one GPU's shard,
+# 2 of 16 heads), dp8 (images split: the slowest GPU's share); collectives modelled (comm_ms)
+encoder_parallel = ["1gpu"]
+sharded_buckets = {}  # resolution -> image counts where tp8/dp8 are timed; empty: every bucket
+sharded_variants = []  # the variants tp8's shard times (empty: variants)
 image_counts_by_resolution = {}  # resolution -> image counts, in place of image_counts there
 seed = 0
 progress = True
@@ -95,6 +100,10 @@ cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+from rope_kernels.model.encoder_parallel import gpu_images, parallel_columns
+# one GPU's encoder per parallel mode: tp8's shard of every layer, the whole encoder otherwise
+models = {p: model if p != "tp8" else MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed,
+                                                     encoder_parallel=p) for p in encoder_parallel}
 prefill_model = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_gpus,
                              peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
 from rope_kernels import VARIANTS
@@ -127,30 +136,47 @@ print(f"copy ceiling {copy_gbps:.0f} GB/s; skipped (over max_tokens): {[(b.resol
 # NBVAL_IGNORE_OUTPUT
 from tqdm import tqdm
 rows = []
-round_times = {}  # (resolution, images, mode) -> per-variant forward times, round by round
-work = [(b, m) for b in buckets for m in modes]
-for b, mode in tqdm(work, desc="encoder buckets", disable=not progress):
-    inp = encoder_inputs(b.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
-    att = pick_attention(b.grids, dev) if attention == "auto" else attention
+round_times = {}  # (resolution, images, mode) -> per-variant forward times, round by round (1gpu)
+sharded = lambda b: not sharded_buckets or b.images in sharded_buckets.get(b.resolution, [])  # noqa: E731
+work = [(b, p, m) for b in buckets for p in encoder_parallel if p == "1gpu" or sharded(b) for m in modes]
+one_gpu_rows = {}  # (resolution, images, mode) -> the whole encoder's rows of that bucket
+for b, par, mode in tqdm(work, desc="encoder buckets", disable=not progress):
+    # the work one GPU does: dp8's slowest GPU encodes ceil(images / 8) images, tp8's its shard
+    timed = make_bucket(b.resolution, gpu_images(par, b.images))
+    parallel = parallel_columns(par, images=b.images, vit_tokens=b.vit_tokens, gpu_vit_tokens=timed.vit_tokens,
+                                hidden=cfg.hidden, layers=cfg.layers, merged_hidden=cfg.text_hidden, merge=cfg.merge)
+    if par == "dp8" and (b.resolution, timed.images, mode) in one_gpu_rows:
+        # the slowest GPU's share is the whole encoder on gpu_images images: timed already (1gpu)
+        rows += [dict(r, **parallel) for r in one_gpu_rows[(b.resolution, timed.images, mode)]]
+        continue
+    net = models[par]
+    timed_variants = [v for v in (sharded_variants or variants) if v in variants] if par == "tp8" else variants
+    inp = encoder_inputs(timed.grids, cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+    att = pick_attention(timed.grids, dev) if attention == "auto" else attention
     if mode == modes[0]:  # properties of the kernels, not of the launch mode
-        agreement = native_agreement(model, inp, att, variants)  # every timed output vs native's
-        profiled = {v: rope_profile(model, inp, v, att) for v in variants}  # (rope ms, all ms)
-        peaks = {v: forward_peak_mb(model, inp, v, att) for v in variants}
+        agreement = native_agreement(net, inp, att, timed_variants)  # every timed output vs native's
+        profiled = {v: rope_profile(net, inp, v, att) for v in timed_variants}  # (rope ms, all ms)
+        peaks = {v: forward_peak_mb(net, inp, v, att) for v in timed_variants}
     # every round runs the variants in its own seeded shuffled order (recorded in the rows)
-    rounds = bucket_rounds(model, inp, variants, mode, att, samples=samples,
-                           seed=f"{seed}/{b.resolution}/{b.images}/{mode}")
-    round_times[(b.resolution, b.images, mode)] = rounds.times
-    rows += bucket_rows(b, mode, att, rounds, profiled=profiled, peaks=peaks, agreement=agreement,
-                        copy_gbps=copy_gbps, layers=cfg.layers, encoder=encoder)
+    rounds = bucket_rounds(net, inp, timed_variants, mode, att, samples=samples,
+                           seed=f"{seed}/{b.resolution}/{b.images}/{mode}" + ("" if par == "1gpu" else f"/{par}"))
+    bucket = bucket_rows(timed, mode, att, rounds, profiled=profiled, peaks=peaks, agreement=agreement,
+                         copy_gbps=copy_gbps, layers=cfg.layers, encoder=encoder)
+    if par == "1gpu":
+        round_times[(b.resolution, b.images, mode)] = rounds.times
+        one_gpu_rows[(b.resolution, b.images, mode)] = bucket
+    rows += [dict(r, **parallel) for r in bucket]
     del inp
-# measured encoder latency, plus the modelled time to first token (modelled_ columns; see below)
-latency = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill_model, text_tokens)
+# measured encoder latency (one GPU's work per mode), plus the modelled time to first token
+# (modelled_ columns; see below)
+latency_all = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill_model, text_tokens)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
     from rope_kernels.study.specs import ENCODER_LATENCY_CSV
     written = Path(data_dir) / ENCODER_LATENCY_CSV
-    upsert_csv(written, latency)  # key: specs.RESULT_FILES
+    upsert_csv(written, latency_all)  # key: specs.RESULT_FILES
     print(data_line(written))  # what this report wrote; tests compare it with the CSV
+latency = latency_all[latency_all.encoder_parallel == "1gpu"]  # the whole encoder: the sections below
 latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)
 
@@ -164,11 +190,12 @@ latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", v
 
 # %%
 from rope_kernels.vocabulary import ROPE_FREE_FLOORS
-agreed = latency[latency["mode"] == modes[0]].assign(agrees=lambda d: agrees_with_native(d))
+agreed = latency_all[latency_all["mode"] == modes[0]].assign(agrees=lambda d: agrees_with_native(d))
 floors = agreed.variant.isin(ROPE_FREE_FLOORS)
 assert agreed[~floors].agrees.all(), agreed[~agreed.agrees]
 assert not agreed[floors].agrees.any(), "skipping RoPE agreed with native"
-agreed.pivot_table(index=["resolution", "images"], columns="variant", values="agrees", aggfunc="all")
+agreed.pivot_table(index=["resolution", "images", "encoder_parallel"], columns="variant", values="agrees",
+                   aggfunc="all")
 
 # %% [markdown]
 # ## Encoder latency versus image count
@@ -333,7 +360,14 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
 # that timed the encoder (an H200's rows get its `h200_sxm` tables on any machine; `python -m
 # rope_kernels ttft --device nvidia-h200 --write` recomputes the file from committed rows on a
 # CPU): Kimi-K2.5's language model with vLLM's tables at `llm_tp` / `llm_moe_ep`, batch 1, input
-# = merged vision tokens + `text_tokens`. Every row names the prefill's source, backend, system,
+# = merged vision tokens + `text_tokens`, the system matching the GPU that timed the encoder (an
+# H100 SXM's rows get `h100_sxm`). The prefill is run as vLLM runs it: chunked prefill, each step at
+# most vLLM's default `max_num_batched_tokens` (its OpenAI server's on an H100 or H200, read from
+# the pinned source below), each chunk priced from the tables attending to the prefix before it
+# (`prefill_ms`, and `ttft_ms` with it); the one unchunked prefill is beside it
+# (`prefill_unchunked_ms`, `ttft_unchunked_ms`), and `prefill_note` says how many chunks ran and
+# where the unchunked prompt lies past the MoE tables' last token count (then extrapolated).
+# Every row names the prefill's source, backend, system,
 # parallelism, package version and whether its MoE tables cover the tokens ("measured tables")
 # or not ("extrapolated"); where aiconfigurator cannot run the hand model's central value is
 # used and the row says why. The hand model's band stays in every row as the cross-check.
@@ -348,21 +382,23 @@ from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_sa
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 
-ttft = device_ttft(latency, text_tokens=text_tokens, hand=prefill_model, source=prefill,
-                   graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
-                   moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
+ttft_all = device_ttft(latency_all, text_tokens=text_tokens, hand=prefill_model, source=prefill,
+                       graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
+                       moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
 if data_dir:
     written = Path(data_dir) / TIME_TO_FIRST_TOKEN_CSV
-    upsert_csv(written, ttft)  # key: specs.RESULT_FILES
+    upsert_csv(written, ttft_all)  # key: specs.RESULT_FILES
     print(data_line(written))  # what this report wrote; tests compare it with the CSV
+ttft = ttft_all[ttft_all.encoder_parallel == "1gpu"]  # the whole encoder on one GPU (next sections)
 first = ttft.iloc[0]
 print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_model}; "
       f"{first.prefill_system} {first.prefill_backend} {first.prefill_tables_version} "
       f"{first.prefill_parallelism}; {first.prefill_note}")
 print(f"aiconfigurator's vLLM tables for Kimi-K2.5 cover: {', '.join(aic_covered_systems()) or '(not installed)'}")
 ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_prefill_tokens", "prefill_ms",
-                                                "prefill_tables", "prefill_effective_mfu", "hand_prefill_fast_ms",
-                                                "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3).reset_index(drop=True)
+                                                "prefill_unchunked_ms", "prefill_note", "prefill_tables",
+                                                "prefill_effective_mfu", "hand_prefill_fast_ms", "hand_prefill_ms",
+                                                "hand_prefill_slow_ms"]].round(3).reset_index(drop=True)
 
 # %% [markdown]
 # TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
@@ -410,6 +446,53 @@ ttft.pivot_table(index=["resolution", "images"], columns=["encoder_policy", "var
                  values="encoder_share_pct").rename_axis(columns=["encoder share of TTFT [%]", ""]).round(1)
 
 # %% [markdown]
+# ## Time to first token as Kimi-K2.5 is served: the encoder over 8 GPUs
+#
+# The sections above run the whole encoder on one GPU. A serving engine runs it on the language
+# model's 8 GPUs, in one of two modes: `tp8` (vLLM's `mm_encoder_tp_mode="weights"`: every layer's
+# weights split 8 ways, each GPU 2 of the 16 heads, its QKV and first MLP GEMM with an eighth of
+# the output columns, its output projection and second MLP GEMM with an eighth of the input
+# columns, two all-reduces of tokens x 1152 per layer) or `dp8` (`"data"`: the images split over
+# the GPUs, full weights on each, one all-gather of the outputs). Each mode's encoder time here is
+# **measured**: the shard one GPU runs (tp8) or the slowest GPU's share of the images (dp8),
+# timed on this GPU. The collectives are **modelled** (`comm_ms`, named in `comm_model`), not
+# measured. What vLLM supports for Kimi-K2.5 and what it picks by default, read from its source:
+
+# %%
+from rope_kernels.model.encoder_parallel import (COMM_MODEL, VLLM_DEFAULT_ENCODER_PARALLEL, VLLM_FACTS,
+                                                 VLLM_MODE_NAMES)
+display(pd.DataFrame([{"fact": f.what, "value": f.value, "where": f.where, "source line": f.quote}
+                      for f in VLLM_FACTS.values()]))
+print(f"vLLM's modes as this study names them: {VLLM_MODE_NAMES}; a default deployment gets "
+      f"{VLLM_DEFAULT_ENCODER_PARALLEL}. Collectives: {COMM_MODEL.describe()}")
+timed_parallel = [p for p in encoder_parallel if p in set(ttft_all.encoder_parallel)]
+print(f"encoder parallel modes timed in this run: {', '.join(timed_parallel)}")
+
+# %% [markdown]
+# TTFT against images per request, a panel per encoder parallel mode (the encoder eager, vLLM's
+# default), and what the RoPE choice buys there, in ms and % of native's TTFT:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+per_mode = ttft_all[ttft_all.encoder_policy == "eager"].assign(
+    encoder_policy=lambda d: d.encoder_parallel + " (encoder eager)")
+for r in resolutions:
+    if r in set(per_mode.resolution):
+        plots.ttft_vs_images(per_mode, resolution=r, variants=variants,
+                             policies=[f"{p} (encoder eager)" for p in timed_parallel])
+        plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+buys_all = ttft_savings(ttft_all)
+buys_all = buys_all[buys_all.encoder_policy == "eager"].merge(
+    ttft_all[(ttft_all.variant == "native") & (ttft_all.encoder_policy == "eager")][
+        ["resolution", "images", "encoder_parallel", "ttft_ms", "comm_ms"]].rename(
+        columns={"ttft_ms": "native_ttft_ms"}), on=["resolution", "images", "encoder_parallel"])
+with_units(buys_all.pivot_table(index=["resolution", "images", "encoder_parallel", "native_ttft_ms", "comm_ms"],
+                                columns="variant", values=["saving_ms", "saving_pct_of_ttft"])).round(2)
+
+# %% [markdown]
 # ## The study's targets
 #
 # Judged from this run's rows by `rope_kernels.study.targets` (one tested table of every target;
@@ -432,8 +515,10 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the
 # outputs are not. Attention uses PyTorch's kernels (no flash_attn package on the H200 here).
 # Time to first token is encoder latency (measured) plus a prefill that is predicted, not
-# measured: by aiconfigurator-core from per-operation tables measured on the device's GPUs (one
-# unchunked prefill at batch 1: no chunked prefill, no queueing, no other requests; beyond its
-# MoE tables it extrapolates, and the rows say so), or by the hand model from the language
+# measured: by aiconfigurator-core from per-operation tables measured on the device's GPUs (vLLM's
+# chunks, each after its prefix, beside one unchunked prefill, at batch 1: no queueing, no other
+# requests; beyond its MoE tables the unchunked prefill is extrapolated, and the rows say so), or by the hand model from the language
 # model's size, attention, GPUs and an assumed MFU band, or from the prefill throughput a user
 # measured (`prefill_tokens_per_s`). The public anchors are other GPUs, precisions and loads.
+# The tp8 and dp8 rows time one GPU's work on one GPU; their collectives are modelled from a
+# bus bandwidth with no latency term (a lower bound), not measured on 8 GPUs.

@@ -283,7 +283,7 @@ def _ttft(args) -> int:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
     shown = rows.pivot_table(index=["resolution", "images", "llm_prefill_tokens", "prefill_ms"],
-                             columns=["encoder_policy", "variant"], values="ttft_ms")
+                             columns=["encoder_parallel", "encoder_policy", "variant"], values="ttft_ms")
     print(shown.round(1).to_string())
     first = rows.iloc[0]
     print(f"prefill: {first.prefill_source} {first.prefill_package} {first.prefill_system} "

@@ -121,6 +121,8 @@ LAYERS = {
     # pip download lines only, importing nothing of the package: peers/cache.py uses it
     "rope_kernels.infra.wheelhouse": 0,
     "rope_kernels.model.config": 0, "rope_kernels.model.prefill": 0,
+    # the encoder parallel modes (torch-free, like the prefill): the study and specs read them
+    "rope_kernels.model.encoder_parallel": 0,
     "rope_kernels.kernels": 1,
     "rope_kernels.correctness": 2,
     "rope_kernels.peers": 3,

@@ -159,7 +159,7 @@ def test_study_calls_refuses_a_bad_step_or_commit_before_doing_anything(args, sa
     assert not list(tmp_path.iterdir())
 
 
-# -- bundle c: aiconfigurator-core with one system's tables ---------------------------------
+# -- bundle c: aiconfigurator-core with the lent GPUs' tables --------------------------------
 
 def _record_line(name: str, data: bytes) -> str:
     import base64
@@ -173,7 +173,9 @@ AIC_FILES = {
     "aiconfigurator_core/systems/h200_sxm.yaml": b"name: h200_sxm\n",
     "aiconfigurator_core/systems/b200_sxm.yaml": b"name: b200_sxm\n",
     "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    "aiconfigurator_core/systems/data/h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
     "aiconfigurator_core/systems/data/b200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(3000),
+    "aiconfigurator_core/systems/data/h100_pcie/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(30),
     # a name that starts like the kept system's is another system
     "aiconfigurator_core/systems/data/h200_sxm_nvl/gemm/vllm/0.24.0/gemm_perf.parquet": os.urandom(30),
     "aiconfigurator_core/systems/data/l4/.gitkeep": b"",
@@ -203,7 +205,8 @@ def test_aic_bundle_holds_the_wheels_files_less_other_systems_tables(fake_aic):
     bundle = out / "c"
     listed = _listed(bundle)
     data = sorted(n for n in listed if n.startswith(carry.AIC_DATA))
-    assert data == ["aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"]
+    assert data == ["aiconfigurator_core/systems/data/h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet",
+                    "aiconfigurator_core/systems/data/h200_sxm/gemm/vllm/0.24.0/gemm_perf.parquet"]
     # the other systems' small yaml files stay (aiconfigurator reads every one of them)
     assert "aiconfigurator_core/systems/b200_sxm.yaml" in listed
     assert "aiconfigurator_core-0.12.0.dist-info/METADATA" in listed  # its version for the rows
@@ -214,9 +217,15 @@ def test_aic_bundle_holds_the_wheels_files_less_other_systems_tables(fake_aic):
             assert hashlib.sha256(zf.read(name)).hexdigest() == sha == hashlib.sha256(whl.read(name)).hexdigest()
 
 
-def test_the_real_pin_keeps_only_the_h200s_tables():
-    assert carry.AIC_SYSTEMS == ("h200_sxm",)
+def test_the_real_pin_keeps_only_the_h100s_and_h200s_tables():
+    """The lent GPU is an H100 SXM or an H200 SXM: the prefill needs the tables of either."""
+    assert carry.AIC_SYSTEMS == ("h100_sxm", "h200_sxm")
     assert carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert carry.aic_keeps("aiconfigurator_core/systems/data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    assert not carry.aic_keeps("aiconfigurator_core/systems/data/h100_pcie/moe/vllm/0.24.0/moe_perf.parquet")
+    # both systems' tables (23.8 MiB built from the real wheel) leave room for the checkout and
+    # .peers in one call's 64 MiB
+    assert carry.AIC_LIMIT <= 64 * carry.MiB - 24 * carry.MiB
     assert carry.aic_keeps("aiconfigurator_core/systems/support_matrix/vllm.csv")
     assert not carry.aic_keeps("aiconfigurator_core/systems/data/b200_sxm/moe/vllm/0.24.0/moe_perf.parquet")
     assert not carry.aic_keeps("aiconfigurator_core/systems/data/h200_sxm_nvl/x.parquet")
@@ -303,13 +312,14 @@ def test_device_script_refuses_a_changed_aic_bundle(fake_aic, tmp_path, tamper):
 def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
     """The real bundle, unpacked by the node's script, in an interpreter that cannot see the
     installed aiconfigurator-core: the same prefill ms and the same provenance in the rows
-    as the full package (1 and 16 images of 1024x1024: 139.85 and 1392.73 ms in STUDY_FACTS)."""
+    as the full package (1 and 16 images of 1024x1024 unchunked: 139.85 and 1392.73 ms in
+    STUDY_FACTS), for the H200 and the H100 alike."""
     pytest.importorskip("aiconfigurator_core")
     import sys
     import sysconfig
 
     listed = _listed(carry.CARRY_DIR / "c")
-    assert {n.split("/")[3] for n in listed if n.startswith(carry.AIC_DATA)} == {"h200_sxm"}
+    assert {n.split("/")[3] for n in listed if n.startswith(carry.AIC_DATA)} == {"h100_sxm", "h200_sxm"}
     (unpack, _) = _device_aic(tmp_path, carry.CARRY_DIR)
     assert unpack.returncode == 0, unpack.stderr
     site = tmp_path / "site-without-aic"  # the venv's packages less aiconfigurator's
@@ -320,12 +330,13 @@ def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
     script = (
         "import json, pandas as pd, aiconfigurator_core\n"
         "from rope_kernels.model import prefill as P\n"
-        "aic, _ = P.choose_prefill('NVIDIA H200', source='aiconfigurator')\n"
         "lat = pd.DataFrame([dict(variant='native', resolution='1024x1024', images=i, mode='eager',\n"
         "                         median_ms=1.0, vit_tokens=4 * 1369 * i) for i in (1, 16)])\n"
-        "rows = P.ttft_rows(lat, text_tokens=200, hand=P.PrefillModel(), aic=aic)\n"
-        "cols = ['prefill_ms', 'prefill_source', 'prefill_package', 'prefill_system',\n"
-        "        'prefill_tables_version', 'prefill_tables']\n"
+        "rows = pd.concat([P.ttft_rows(lat, text_tokens=200, hand=P.PrefillModel(),\n"
+        "                              aic=P.choose_prefill(gpu, source='aiconfigurator')[0])\n"
+        "                  for gpu in ('NVIDIA H200', 'NVIDIA H100 80GB HBM3')])\n"
+        "cols = ['prefill_ms', 'prefill_unchunked_ms', 'prefill_source', 'prefill_package', 'prefill_system',\n"
+        "        'prefill_tables_version', 'prefill_tables', 'prefill_note']\n"
         "print(json.dumps({'file': aiconfigurator_core.__file__, 'rows': rows[cols].to_dict('records')}))\n")
     runs = {}
     for where, path, flags in (("full", [REPO], []),
@@ -339,4 +350,5 @@ def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
     assert not runs["full"]["file"].startswith(str(tmp_path))
     assert runs["bundle"]["rows"] == runs["full"]["rows"]
     assert runs["bundle"]["rows"][0]["prefill_package"] == "aiconfigurator-core 0.12.0"
-    assert [round(r["prefill_ms"], 2) for r in runs["bundle"]["rows"]] == [139.85, 1392.73]
+    assert [round(r["prefill_unchunked_ms"], 2) for r in runs["bundle"]["rows"][:2]] == [139.85, 1392.73]
+    assert [r["prefill_system"] for r in runs["bundle"]["rows"]] == ["h200_sxm"] * 2 + ["h100_sxm"] * 2

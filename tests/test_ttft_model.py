@@ -157,11 +157,23 @@ def test_prefill_agrees_with_aiconfigurator_run_by_hand(images, tables):
     h200_sxm, vLLM, TP8 + EP8, batch 1, 1369 merged tokens per image + 200 text tokens."""
     from aiconfigurator_core.sdk.engine import EngineHandle
 
-    by_hand = EngineHandle.compile("moonshotai/Kimi-K2.5", "h200_sxm", "vllm", tp_size=8,
-                                   moe_tp_size=1, moe_ep_size=8).predict_prefill_latency(1, 1369 * images + 200)
+    handle = EngineHandle.compile("moonshotai/Kimi-K2.5", "h200_sxm", "vllm", tp_size=8,
+                                  moe_tp_size=1, moe_ep_size=8)
+    n = 1369 * images + 200
+    by_hand = handle.predict_prefill_latency(1, n)
+    # vLLM's chunks of 8192 (its OpenAI server's default on an H100/H200), each after its prefix
+    chunked = sum(handle.predict_prefill_latency(1, min(p + 8192, n), p) for p in range(0, n, 8192))
     rows = pf.device_ttft(_h200_rows(), text_tokens=200, hand=PrefillModel())
     row = rows[(rows.images == images) & (rows.variant == "native") & (rows.encoder_policy == "eager")].iloc[0]
-    assert row.prefill_ms == pytest.approx(by_hand, rel=1e-9)
+    assert row.prefill_unchunked_ms == pytest.approx(by_hand, rel=1e-9)
+    assert row.prefill_ms == pytest.approx(chunked, rel=1e-9)
+    assert row.prefill_chunks == -(-n // 8192) and row.prefill_chunk_tokens == 8192
+    assert (row.prefill_ms == pytest.approx(by_hand)) == (images == 1)  # one chunk: the same prefill
+    assert row.prefill_note.startswith("chunked (3 chunks of 8192, the last 5720)" if images == 16 else "one chunk")
+    assert ("extrapolated past 16,384" in row.prefill_note) == (images == 16)
+    assert row.ttft_unchunked_ms == pytest.approx(25.0 * images + 1.0 + by_hand)
+    assert row.encoder_parallel == "1gpu" and row.comm_ms == 0.0
+    by_hand = chunked
     assert row.llm_prefill_tokens == 1369 * images + 200
     assert row.prefill_source == "aiconfigurator" and row.prefill_system == "h200_sxm"
     assert row.prefill_backend == "vllm" and row.prefill_parallelism.startswith("TP8 + EP8")

@@ -7,7 +7,7 @@
 #   call 1, carrying .carry/a:          bash tools/device_setup.sh stage
 #   call 2, carrying .carry/b, .peers:  bash tools/device_setup.sh install [&& more commands]
 #   any call, carrying .carry/c:        bash tools/device_setup.sh aic   (aiconfigurator-core,
-#                                       the H200's tables only, for notebook 04's TTFT)
+#                                       the H100's and H200's tables only, for notebook 04's TTFT)
 # then in every later call: eval "$(bash tools/device_setup.sh env)"
 # Every file is checked against the sha256 sums the bundles carry; nothing is downloaded.
 set -euo pipefail

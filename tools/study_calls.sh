@@ -11,7 +11,7 @@
 # QuACK's bundle a (tools/device_setup.sh stage); B joins bundle b and installs QuACK
 # (device_setup.sh install), then runs notebook 02, which needs QuACK; C runs the rest (04 and
 # 05 time our CuTe DSL kernel, whose nvidia-cutlass-dsl comes with QuACK's bundle: after B), after
-# unpacking bundle c (aiconfigurator-core 0.12.0 with the H200's tables only, every file checked
+# unpacking bundle c (aiconfigurator-core 0.12.0 with the H100's and H200's tables only, every file checked
 # against the wheel's RECORD: tools/device_setup.sh aic) so 04's prefill comes from
 # aiconfigurator's tables (without .carry/c, 04 falls back to the hand model and says so). S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).

@@ -14,7 +14,7 @@ so ``python -m rope_kernels carry`` packs three bundles, each at most ``BUNDLE_L
   ``pip install --no-index --no-deps --target /tmp/site`` the peer wheels and
   ``pip install --no-index --find-links`` the toolchain.
 
-- ``.carry/c``: aiconfigurator-core with the H200's tables only (notebook 04's prefill; call C
+- ``.carry/c``: aiconfigurator-core with the H100's and H200's tables only (notebook 04's prefill; call C
   of ``tools/study_calls.sh`` carries it with ``.peers``; ``tools/device_setup.sh aic``).
 
 Every wheel is pinned (version and sha256 of the file PyPI serves). The cu13 wheel
@@ -255,19 +255,24 @@ def main_sizes(out: Path = CARRY_DIR) -> str:
 
 
 
-# -- bundle c: aiconfigurator-core with one system's tables (notebook 04's TTFT) ------------
+# -- bundle c: aiconfigurator-core with the lent GPUs' tables (notebook 04's TTFT) ----------
 #
 # Its wheel is 78 MiB, most of it per-system performance tables (systems/data/<system>/,
-# 1-13 MB each); the study's device reads only the H200's. Bundle c holds the wheel's own
-# files, unmodified, less the other systems' data folders (their small system yaml files,
-# the support matrix and the reuse manifest stay), re-zipped (about 14 MiB), and lists every
+# 1-13 MB each); the study's device reads only the lent GPU's (``AIC_SYSTEMS``). Bundle c holds
+# the wheel's own files, unmodified, less the other systems' data folders (their small system
+# yaml files, the support matrix and the reuse manifest stay), re-zipped (23.8 MiB with
+# the H100's and H200's tables: within ``AIC_LIMIT``), and lists every
 # file with the sha256 the wheel's RECORD gives it; ``tools/device_setup.sh aic`` unpacks it
 # and checks every file before it goes on PYTHONPATH.
 AIC_WHEEL = PinnedPeerWheel("aiconfigurator-core", "0.12.0",
                             "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
                             "aadc4aad0a00bf8a61c477c62bef43de479849c3aa0b1c3078068e08309eccc4")
-AIC_SYSTEMS = ("h200_sxm",)  # the lent H200 (aiconfigurator's name for it)
+# the lent GPUs, as aiconfigurator names them: an H100 SXM (most often) or an H200 SXM; the
+# prefill takes the tables of the GPU that timed the encoder (model/prefill.aic_system)
+AIC_SYSTEMS = ("h100_sxm", "h200_sxm")
 AIC_DATA = "aiconfigurator_core/systems/data/"
+# call C carries bundle c beside the checkout (about 6 MB) and .peers (about 9 MB): 64 MiB in all
+AIC_LIMIT = 40 * MiB
 
 
 def aic_keeps(name: str, systems: tuple[str, ...] = AIC_SYSTEMS) -> bool:
@@ -297,7 +302,7 @@ def _record_sha256(wheel: zipfile.ZipFile) -> dict[str, str]:
 
 
 def build_aic_bundle(out: Path = CARRY_DIR, *, wheel: Path | None = None, pin: PinnedPeerWheel = AIC_WHEEL,
-                     systems: tuple[str, ...] = AIC_SYSTEMS, limit: int = 24 * MiB) -> int:
+                     systems: tuple[str, ...] = AIC_SYSTEMS, limit: int = AIC_LIMIT) -> int:
     """Build ``out/c`` (aiconfigurator-core with ``systems``' tables); returns its size in bytes."""
     out = Path(out)
     wheel = Path(wheel) if wheel else _download(pin, out / "downloads" / "peer")

@@ -204,7 +204,8 @@ def rope_saving_pct_of_ttft(ttft: pd.DataFrame, variant: str, baseline: str = "n
 # Pitfalls it has, handled here: its SGLang and TRT-LLM paths size Kimi's MLA attention with 128
 # heads, not 64 (only its vLLM tables are used); it ignores the vision encoder (the vision tokens
 # are put into the input length here); its MoE tables end at a finite token count (beyond is
-# extrapolation: the row says so); it models one unchunked prefill (no chunking, no queueing).
+# extrapolation: the row says so); it models one unchunked prefill (no queueing): vLLM's chunks are
+# priced here one by one, each with the prefix before it (``chunked_prefill_ms``).
 
 AIC_PACKAGE = "aiconfigurator-core"
 AIC_MODEL = "moonshotai/Kimi-K2.5"
@@ -320,6 +321,16 @@ class AIConfiguratorPrefill:
             return 0.0
         return float(self._handle().predict_prefill_latency(self.batch, n))
 
+    def chunked_prefill_ms(self, tokens: int, chunk: int) -> float:
+        """vLLM's chunked prefill of ``tokens`` input tokens: the sum of its chunks
+        (``encoder_parallel.prefill_chunks``), each priced from the tables as ``size`` new tokens
+        attending to the ``prefix`` before them (aiconfigurator's ``prefix``)."""
+        from rope_kernels.model.encoder_parallel import prefill_chunks
+
+        handle = self._handle() if _tokens(tokens) else None
+        return sum(float(handle.predict_prefill_latency(self.batch, p + m, p))
+                   for p, m in prefill_chunks(_tokens(tokens), chunk))
+
     def tables_version(self) -> str:
         """The backend version whose tables are read (the package's current one for "")."""
         if self.backend_version:
@@ -356,7 +367,8 @@ class AIConfiguratorPrefill:
 
     def describe(self) -> str:
         return (f"aiconfigurator-core {aiconfigurator_version()}: {self.model}, {self.system} "
-                f"{self.backend} {self.tables_version()} tables, {self.parallelism}, one unchunked prefill")
+                f"{self.backend} {self.tables_version()} tables, {self.parallelism}, chunked as vLLM "
+                f"runs it and one unchunked prefill")
 
 
 _AIC_HANDLES: dict = {}
@@ -411,10 +423,25 @@ ENCODER_POLICIES = {
                            "the largest graph's merged tokens, eager beyond",
     "cudagraph": "encoder CUDA graphs at every size (all graphs)",
 }
-TTFT_KEY = ("variant", "resolution", "images", "encoder_policy", "device_name")
+TTFT_KEY = ("variant", "resolution", "images", "encoder_policy", "encoder_parallel", "device_name")
 # columns of an encoder row that a TTFT row carries as they are (provenance)
 _CARRIED = ("vit_tokens", "device_name", "device_kind", "torch_version", "triton_version",
             "git_commit", "encoder", "layers", "attention_kernel", "timer")
+
+
+def chunk_note(tokens: int, chunk: int, tables_end: int = 0) -> str:
+    """What a row says of its prefill's chunks: ``chunked (N chunks of M)`` (and the last one's
+    size where it is short) or ``one chunk``, plus ``unchunked: extrapolated past E`` where the
+    whole prompt is past the tables' end ``E`` (0: unknown)."""
+    from rope_kernels.model.encoder_parallel import prefill_chunks
+
+    steps = prefill_chunks(tokens, chunk)
+    last = steps[-1][1] if steps else 0
+    note = (f"chunked ({len(steps)} chunks of {chunk}" + (f", the last {last}" if last != chunk else "") + ")"
+            if len(steps) > 1 else f"one chunk (at most {chunk} tokens)")
+    if tables_end and tokens > tables_end:
+        note += f"; unchunked: extrapolated past {tables_end:,}"
+    return note
 
 
 def _policy_mode(policy: str, merged_tokens: int, budget: int) -> str:
@@ -425,14 +452,32 @@ def _policy_mode(policy: str, merged_tokens: int, budget: int) -> str:
 
 def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
               aic: AIConfiguratorPrefill | None = None, why_hand: str = "",
-              graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS) -> pd.DataFrame:
+              graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None) -> pd.DataFrame:
     """Time to first token per (variant, bucket, encoder policy) from encoder-latency rows:
     the encoder's median in the mode the policy runs (``ENCODER_POLICIES``; a policy whose
     modes were not all timed is left out) plus the language model's prefill of the merged vision
     tokens and ``text_tokens``. The prefill is aiconfigurator's (``aic``) with its backend,
     system, parallelism, package version and "measured tables" / "extrapolated" in every
     row, or the hand model's central value with ``why_hand`` saying why; the hand model's
-    band (``hand_prefill_*_ms``) is in every row as the cross-check."""
+    band (``hand_prefill_*_ms``) is in every row as the cross-check.
+
+    Per encoder parallel mode (``encoder_parallel``: rows without it are ``1gpu``) the TTFT is
+    the timed GPU's encoder time + the modelled collectives (``comm_ms``, 0 for 1gpu) + the
+    prefill as vLLM runs it: chunked, ``chunk_tokens`` (default: vLLM's
+    ``max_num_batched_tokens`` on an H100/H200) a step, each chunk attending to the prefix
+    (``prefill_ms``, ``ttft_ms``); the unchunked prefill is beside it (``prefill_unchunked_ms``,
+    ``ttft_unchunked_ms``) and ``prefill_note`` says which chunks ran and where the unchunked
+    prompt is past the tables. The hand model's FLOPs do not change with chunking."""
+    from rope_kernels.model.encoder_parallel import VLLM_MAX_NUM_BATCHED_TOKENS, prefill_chunks
+
+    chunk = VLLM_MAX_NUM_BATCHED_TOKENS if chunk_tokens is None else chunk_tokens
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk!r}")
+    latency = latency.copy()
+    if "encoder_parallel" not in latency:
+        latency["encoder_parallel"] = "1gpu"
+    if "comm_ms" not in latency:
+        latency["comm_ms"] = 0.0
     for col in ("variant", "resolution", "images", "mode", "median_ms", "vit_tokens"):
         if col not in latency:
             raise ValueError(f"encoder rows lack column {col!r}")
@@ -441,45 +486,56 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
     if isinstance(graph_tokens, bool) or not isinstance(graph_tokens, int) or graph_tokens < 0:
         raise ValueError(f"graph_tokens must be an int >= 0, got {graph_tokens!r}")
     text = _tokens(text_tokens)
-    by_key = latency.drop_duplicates(["variant", "resolution", "images", "mode"]).set_index(
-        ["variant", "resolution", "images", "mode"])
-    first = latency.drop_duplicates(["variant", "resolution", "images"])
+    by_key = latency.drop_duplicates(["variant", "resolution", "images", "encoder_parallel", "mode"]).set_index(
+        ["variant", "resolution", "images", "encoder_parallel", "mode"])
+    first = latency.drop_duplicates(["variant", "resolution", "images", "encoder_parallel"])
     timed_modes = set(latency["mode"])
     # a policy is given only where every mode it can run was timed (vLLM's graphs: both)
     policies = [p for p in ENCODER_POLICIES
                 if ({"eager", "cudagraph"} if p == "vllm_encoder_graphs" else {p}) <= timed_modes]
-    prefill_cache: dict[int, float] = {}
+    prefill_cache: dict[int, tuple[float, float]] = {}
     rows = []
     for _, r in first.iterrows():
         n = llm_prompt_tokens(int(r.vit_tokens), text)
         merged = n - text
         fast, central, slow = hand.prefill_ms(n)
+        steps = prefill_chunks(n, chunk)
+        chunking = {"prefill_chunk_tokens": chunk, "prefill_chunks": len(steps)}
         if aic is not None:
             if n not in prefill_cache:
-                prefill_cache[n] = aic.prefill_ms(n)
-            prefill = {"prefill_ms": prefill_cache[n], "prefill_source": "aiconfigurator",
+                prefill_cache[n] = (aic.chunked_prefill_ms(n, chunk), aic.prefill_ms(n))
+            prefill = {"prefill_ms": prefill_cache[n][0], "prefill_unchunked_ms": prefill_cache[n][1],
+                       **chunking, "prefill_source": "aiconfigurator",
                        "prefill_backend": aic.backend, "prefill_system": aic.system,
                        "prefill_tables_version": aic.tables_version(),
                        "prefill_parallelism": aic.parallelism,
                        "prefill_package": f"{AIC_PACKAGE} {aiconfigurator_version()}",
-                       "prefill_tables": aic.coverage(n), "prefill_note": "one unchunked prefill"}
+                       "prefill_tables": aic.coverage(n), "prefill_note": chunk_note(n, chunk, _moe_end(aic))}
         else:
-            prefill = {"prefill_ms": central, "prefill_source": "hand model", "prefill_backend": "",
+            prefill = {"prefill_ms": central, "prefill_unchunked_ms": central, **chunking,
+                       "prefill_source": "hand model", "prefill_backend": "",
                        "prefill_system": "", "prefill_tables_version": "",
                        "prefill_parallelism": f"{hand.gpus} GPUs", "prefill_package": "",
-                       "prefill_tables": "", "prefill_note": why_hand}
+                       "prefill_tables": "",
+                       "prefill_note": f"{why_hand}; {chunk_note(n, chunk)} (the hand model's FLOPs do "
+                                       f"not change with chunking)"}
         for policy in policies:
             mode = _policy_mode(policy, merged, graph_tokens)
-            key = (r.variant, r.resolution, r.images, mode)
+            key = (r.variant, r.resolution, r.images, r.encoder_parallel, mode)
             if key not in by_key.index:
                 continue
             timed = by_key.loc[key]  # the encoder row this policy runs (its timer, provenance)
             encoder_ms = float(timed["median_ms"])
-            ttft = encoder_ms + prefill["prefill_ms"]
+            comm = float(timed["comm_ms"]) if pd.notna(timed["comm_ms"]) else 0.0
+            ttft = encoder_ms + comm + prefill["prefill_ms"]
             rows.append({"variant": r.variant, "resolution": r.resolution, "images": int(r.images),
-                         "encoder_policy": policy, "encoder_mode": mode, "text_tokens": text,
-                         "llm_prefill_tokens": n, "encoder_ms": encoder_ms, **prefill,
-                         "ttft_ms": ttft, "encoder_share_pct": 100 * encoder_ms / ttft if ttft else math.nan,
+                         "encoder_policy": policy, "encoder_mode": mode,
+                         "encoder_parallel": r.encoder_parallel, "text_tokens": text,
+                         "llm_prefill_tokens": n, "encoder_ms": encoder_ms, "comm_ms": comm,
+                         "comm_model": "none (one GPU)" if r.encoder_parallel == "1gpu"
+                         else str(timed.get("comm_model", "")), **prefill,
+                         "ttft_ms": ttft, "ttft_unchunked_ms": encoder_ms + comm + prefill["prefill_unchunked_ms"],
+                         "encoder_share_pct": 100 * encoder_ms / ttft if ttft else math.nan,
                          # the hand model's FLOPs over the prefill's time: the MFU it implies
                          "prefill_effective_mfu": (hand.flops(n) / (hand.gpus * hand.peak_tflops * 1e9
                                                                     * prefill["prefill_ms"])
@@ -498,7 +554,8 @@ def ttft_savings(ttft: pd.DataFrame, baseline: str = "native") -> pd.DataFrame:
     baseline's TTFT, beside each choice's TTFT and the encoder's share of it."""
     if baseline not in set(ttft["variant"]):
         raise ValueError(f"{baseline!r} has no rows; rows hold {sorted(set(ttft['variant']))}")
-    keys = ["resolution", "images", "encoder_policy"]
+    ttft = ttft if "encoder_parallel" in ttft else ttft.assign(encoder_parallel="1gpu")
+    keys = ["resolution", "images", "encoder_policy", "encoder_parallel"]
     base = ttft[ttft["variant"] == baseline].set_index(keys)["ttft_ms"].rename("baseline_ttft_ms")
     out = ttft.join(base, on=keys)
     out = out.assign(against=baseline, saving_ms=out["baseline_ttft_ms"] - out["ttft_ms"])
@@ -509,7 +566,8 @@ def ttft_savings(ttft: pd.DataFrame, baseline: str = "native") -> pd.DataFrame:
 
 
 def device_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, source: str = "auto",
-                graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, **settings) -> pd.DataFrame:
+                graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None,
+                **settings) -> pd.DataFrame:
     """``ttft_rows`` with the prefill chosen for the device that timed the rows (their
     ``device_name``, not this machine: an H200's rows get h200_sxm's tables on a CPU too),
     by ``choose_prefill(device, source, **settings)``."""
@@ -518,4 +576,4 @@ def device_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, 
         raise ValueError(f"encoder rows must come from one device, got {devices or 'no device_name column'}")
     aic, why = choose_prefill(devices[0], source, **settings)
     return ttft_rows(latency, text_tokens=text_tokens, hand=hand, aic=aic, why_hand=why,
-                     graph_tokens=graph_tokens)
+                     graph_tokens=graph_tokens, chunk_tokens=chunk_tokens)

@@ -21,6 +21,7 @@ from torch.profiler import record_function
 from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis, vision_patch_coords
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
+from rope_kernels.model.encoder_parallel import WORLD, check_mode, layer_gemms
 from rope_kernels.qkv import qkv_rope, qkv_rope_operands
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
@@ -46,25 +47,36 @@ def rope_variants() -> tuple[str, ...]:
 
 
 class _Layer(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: EncoderConfig, mode: str = "1gpu", world: int = WORLD):
         super().__init__()
+        # one GPU's shard under the encoder parallel mode (model/encoder_parallel.py): tp8 splits
+        # the QKV and fc0 outputs and the proj and fc1 inputs 8 ways (the all-reduces are modelled)
+        g = layer_gemms(cfg.hidden, cfg.heads, cfg.mlp, mode, world)
         self.norm0 = nn.LayerNorm(cfg.hidden)
-        self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.wo = nn.Linear(cfg.hidden, cfg.hidden)
+        self.wqkv = nn.Linear(*g["qkv"])
+        self.wo = nn.Linear(*g["proj"])
         self.norm1 = nn.LayerNorm(cfg.hidden)
-        self.fc0 = nn.Linear(cfg.hidden, cfg.mlp)
-        self.fc1 = nn.Linear(cfg.mlp, cfg.hidden)
+        self.fc0 = nn.Linear(*g["fc1"])
+        self.fc1 = nn.Linear(*g["fc2"])
 
 
 class MoonViTEncoder(nn.Module):
-    """``forward(patches, grids, rope=..., attention=...)`` -> (tokens/4, text_hidden)."""
+    """``forward(patches, grids, rope=..., attention=...)`` -> (tokens/4, text_hidden).
+    ``encoder_parallel``: "tp8" builds one GPU's shard of every layer (``cfg.heads / 8``
+    heads; ``encoder_parallel.layer_gemms``; ``world``: the GPUs it splits over), "1gpu" and "dp8"
+    the whole layers. ``all_reduce`` (None: none, as on one GPU): called on the output of each
+    row-parallel GEMM (proj, fc2) by the distributed runner (bench/distributed_encoder.py)."""
 
-    def __init__(self, cfg: EncoderConfig, *, device=None, dtype=torch.bfloat16, seed: int = 0):
+    def __init__(self, cfg: EncoderConfig, *, device=None, dtype=torch.bfloat16, seed: int = 0,
+                 encoder_parallel: str = "1gpu", world: int = WORLD):
         super().__init__()
         self.cfg = cfg
+        self.encoder_parallel = check_mode(encoder_parallel)
+        self.heads = layer_gemms(cfg.hidden, cfg.heads, cfg.mlp, encoder_parallel, world)["heads"][0]
+        self.all_reduce = None
         self.patch_embed = nn.Conv2d(3, cfg.hidden, cfg.patch, cfg.patch)
         self.pos_emb = nn.Parameter(torch.empty(cfg.pos_grid, cfg.pos_grid, cfg.hidden))
-        self.blocks = nn.ModuleList(_Layer(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(_Layer(cfg, encoder_parallel, world) for _ in range(cfg.layers))
         self.final_norm = nn.LayerNorm(cfg.hidden)
         self.proj_norm = nn.LayerNorm(cfg.hidden)
         merged = cfg.hidden * cfg.merge**2
@@ -190,18 +202,19 @@ class MoonViTEncoder(nn.Module):
                 backend, epilogue = GEMM_EPILOGUE_MODES[rope]
                 if operands is None:  # positions and frequencies, once per forward
                     operands = qkv_rope_operands(vision_patch_coords(grids, device=x.device),
-                                                 heads=cfg.heads, head_dim=cfg.head_dim,
+                                                 heads=self.heads, head_dim=cfg.head_dim,
                                                  theta=cfg.theta, backend=backend)
-                q, k, v = qkv_rope(h, blk.wqkv.weight, blk.wqkv.bias, operands, heads=cfg.heads,
+                q, k, v = qkv_rope(h, blk.wqkv.weight, blk.wqkv.bias, operands, heads=self.heads,
                                    head_dim=cfg.head_dim, backend=backend,
                                    epilogue=epilogue).unbind(1)
             else:
-                qkv = blk.wqkv(h).view(tokens, 3, cfg.heads, cfg.head_dim)
+                qkv = blk.wqkv(h).view(tokens, 3, self.heads, cfg.head_dim)
                 q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)
             o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
-            x = x + blk.wo(o)
+            reduce = self.all_reduce or (lambda t: t)
+            x = x + reduce(blk.wo(o))
             h = blk.norm1(x)
-            x = x + blk.fc1(F.gelu(blk.fc0(h), approximate="tanh"))
+            x = x + reduce(blk.fc1(F.gelu(blk.fc0(h), approximate="tanh")))
         x = self.final_norm(x)
         merged = self.proj_norm(self._merge(x, grids)).reshape(-1, cfg.hidden * cfg.merge**2)
         return self.proj1(F.gelu(self.proj0(merged)))

@@ -78,6 +78,11 @@ def read_table(path, required: Sequence[str] = ()) -> pd.DataFrame:
     if table is not None:
         df = df.rename(columns={o: n for o, n in table.renamed.items()
                                 if o in df.columns and n not in df.columns})
+        # a key column added since the file was written, whose old value its rows give
+        # (encoder_parallel: "1gpu"): readers select by the key, so it is filled here
+        for col in table.key:
+            if col not in df.columns and col in table.derived and len(df):
+                df[col] = table.derived[col](df)
     if "resolution" in df.columns:
         df["resolution"] = df["resolution"].map(_one_spelling)
     missing = [c for c in required if c not in df.columns]
@@ -259,6 +264,10 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
         raise ValueError(f"key {list(key)} for {path.name} differs from specs.RESULT_FILES' "
                          f"{list(table.key)}")
     key = list(key)
+    if table is not None and len(new):  # a key column added since (encoder_parallel): as old rows get it
+        for k in key:
+            if k not in new.columns and k in table.derived:
+                new = new.assign(**{k: table.derived[k](new)})
     missing = [k for k in key if k not in new.columns]
     if missing:
         raise ValueError(f"rows lack key column(s) {missing} for {path.name}")

@@ -189,6 +189,22 @@ def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
     return check
 
 
+def _encoder_parallel_rule(v, kind) -> str | None:
+    """04_ttft: encoder parallel modes (``model.encoder_parallel.check_mode``), 1gpu among them
+    (the study's whole-encoder rows, which the notebook's other sections read)."""
+    from rope_kernels.model.encoder_parallel import check_mode
+
+    if not isinstance(v, list) or not v:
+        return f"must be a non-empty list of modes, got {v!r}"
+    try:
+        [check_mode(m) for m in v]
+    except ValueError as exc:
+        return str(exc)
+    if "1gpu" not in v or len(set(v)) != len(v):
+        return f"must hold 1gpu, each mode once, got {v!r}"
+    return None
+
+
 def _counts_by_resolution(v, kind) -> str | None:
     """04_ttft: image counts for named resolutions, in place of ``image_counts`` there."""
     for res, counts in v.items():
@@ -222,6 +238,13 @@ def _ttft_settings_fit(values: Mapping[str, object], kind) -> str | None:
     extra = [r for r in values.get("image_counts_by_resolution", {}) if r not in values["resolutions"]]
     if extra:
         return (f"image_counts_by_resolution names {', '.join(extra)}, which resolutions "
+                f"({', '.join(values['resolutions'])}) does not hold")
+    if "tp8" in values.get("encoder_parallel", []) and values.get("encoder") == "small":
+        return ("encoder_parallel tp8 splits 16 heads 8 ways: the small encoder's 4 heads do not "
+                "split (use encoder=kimi_k25, or 1gpu and dp8)")
+    extra = [r for r in values.get("sharded_buckets", {}) if r not in values["resolutions"]]
+    if extra:
+        return (f"sharded_buckets names {', '.join(extra)}, which resolutions "
                 f"({', '.join(values['resolutions'])}) does not hold")
     tp, ep = values.get("llm_tp", 8), values.get("llm_moe_ep", 8)
     if isinstance(tp, int) and isinstance(ep, int) and ep >= 1 and tp % ep:
@@ -316,7 +339,7 @@ def _family_rows(item) -> dict:
 
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
 MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
-ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
+ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "encoder_parallel", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
@@ -332,6 +355,23 @@ MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_
 # Variants that wrote into q/k (the registry's ``Variant.inplace``) when rows did
 # not yet carry ``in_place``: what rows written before the column get.
 _IN_PLACE_BEFORE_COLUMN = frozenset({"fused_inplace", "vllm_packed_qk", "flashinfer", "quack"})
+
+
+# How the encoder is spread over GPUs (model/encoder_parallel.py): rows from before the
+# modes timed the whole encoder on one GPU, and a TTFT row's prefill was one unchunked prefill.
+ENCODER_PARALLEL_COLUMNS = ("encoder_parallel", "world_size", "gpu_images", "gpu_vit_tokens", "comm_ms",
+                            "comm_model")
+_ONE_GPU = {"encoder_parallel": lambda old: _constant(old, "1gpu"), "world_size": lambda old: _constant(old, 1),
+            "gpu_images": lambda old: old["images"], "gpu_vit_tokens": lambda old: old["vit_tokens"],
+            "comm_ms": lambda old: _constant(old, 0.0), "comm_model": lambda old: _constant(old, "none (one GPU)")}
+TTFT_PARALLEL_COLUMNS = ("encoder_parallel", "comm_ms", "comm_model", "prefill_unchunked_ms",
+                         "ttft_unchunked_ms", "prefill_chunk_tokens", "prefill_chunks")
+
+
+def _constant(old, value):
+    import pandas as pd
+
+    return pd.Series(value, index=old.index)
 
 
 def _old_rows_in_place(old):
@@ -436,11 +476,17 @@ RESULT_FILES: dict[str, Table] = {
         added=PEER_COLUMNS + ("profiled_rope_device_ms", *PAIRED_COLUMNS,
                               "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
-                              *MODELLED_TTFT_COLUMNS),
-        derived={"in_place": _old_rows_in_place}),
+                              *MODELLED_TTFT_COLUMNS, *ENCODER_PARALLEL_COLUMNS),
+        derived={"in_place": _old_rows_in_place, **_ONE_GPU}),
     # Time to first token per RoPE choice and encoder launch policy (model/prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
-    TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "device_name")),
+    # (the parallel columns: rows before issue 42 are one GPU's, their prefill one unchunked prefill)
+    TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "encoder_parallel",
+                                    "device_name"), added=TTFT_PARALLEL_COLUMNS,
+                                   derived={"encoder_parallel": _ONE_GPU["encoder_parallel"],
+                                            "comm_ms": _ONE_GPU["comm_ms"], "comm_model": _ONE_GPU["comm_model"],
+                                            "prefill_unchunked_ms": lambda old: old["prefill_ms"],
+                                            "ttft_unchunked_ms": lambda old: old["ttft_ms"]}),
     # bench/qkv_bench.py: one row per variant at its fixed config, timed in shuffled rounds
     # (the round columns: rows before issue 35 have none); QuACK's rows name its package,
     # version and source hash (rows before 2026-12-03: empty)
@@ -519,6 +565,11 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "llm_tp": Param(8, at_least(1)),
         "llm_moe_ep": Param(8, at_least(1)),
         "encoder_graph_tokens": Param(5120, at_least(0)),  # vLLM's largest encoder graph (merged)
+        # how the encoder is spread over 8 GPUs (model/encoder_parallel.py): 1gpu first (the
+        # whole encoder), tp8/dp8 time one GPU's shard at the buckets below
+        "encoder_parallel": Param(["1gpu"], _encoder_parallel_rule),
+        "sharded_buckets": Param({}, _counts_by_resolution),
+        "sharded_variants": Param([], variant_names(allow_empty=True, extra=ENCODER_ONLY_ROPE), variants=True),
         "image_counts_by_resolution": Param({}, _counts_by_resolution),
         "seed": Param(0, _seed_rule),
         "progress": Param(True),

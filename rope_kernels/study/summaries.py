@@ -272,7 +272,8 @@ def kernels_lines(files: dict) -> list[str]:
     sup = c[c["supported"].astype(str) == "True"]
     failed = sup[sup["passed"].astype(str) != "True"]
     shapes = c.drop_duplicates(["tokens", "heads", "head_dim"]).shape[0]
-    out = [f"{c['variant'].nunique()} variants were checked against float64 on {shapes} shapes in "
+    # the variants that ran (a variant absent here has rows, all of them not run)
+    out = [f"{sup['variant'].nunique()} variants were checked against float64 on {shapes} shapes in "
            f"{', '.join(sorted(set(c['dtype'])))} ({len(sup)} rows ran): "
            + ("every one matched within its tolerance." if failed.empty else
               f"{len(failed)} failed ({', '.join(sorted(set(failed['variant'])))}).")]
@@ -284,6 +285,14 @@ def kernels_lines(files: dict) -> list[str]:
         out.append(f"In bf16 our kernels' largest error is {ours['r'].max():.2f}x the error native makes in "
                    f"the same dtype; over every variant that ran it is {F.span(worst, '{:.2f}', ' to ')}x.")
     refused = c[c["supported"].astype(str) == "False"]
+    # a peer whose package is not installed here ("absent here: ..." rows) was not refused by its kernel
+    absent = refused["reason"].astype(str).str.startswith("absent") if "reason" in refused.columns else \
+        pd.Series(False, index=refused.index)
+    for v, g in refused[absent].groupby("variant", sort=True):
+        why = str(g["reason"].iloc[0]).split(":", 1)[1].strip()
+        why = why[len("not run:"):].strip() if why.startswith("not run:") else why
+        out.append(f"Not installed here, so not run: {name(v)} ({why}).")
+    refused = refused[~absent]
     if len(refused):
         dims = sorted({int(d) for d in c["head_dim"]})
 
@@ -439,7 +448,7 @@ def encoder_lines(files: dict) -> list[str]:
             parts.append(f"RoPE skipped {med['none']:.1f} ms")
         out.append(f"Encoder at {n} images of {res} {how} (medians): " + "; ".join(parts) + ".")
     if not out:
-        return [f"Vision encoder: not measured at {n} x {res}."]
+        return served_lines(files) + [f"Vision encoder: not measured at {n} x {res}."]
     enc = files["encoder"]
     if "paired_saving_pct" in enc.columns:
         every = enc[enc["variant"] == "vllm_merged"]
@@ -452,16 +461,62 @@ def encoder_lines(files: dict) -> list[str]:
         if {"native", "fused"} <= set(p.index) and _ok(p["native"]) and _ok(p["fused"]):
             out.append(f"RoPE's own device time in one forward (profiler): native {p['native']:.1f} ms, "
                        f"fused {p['fused']:.1f} ms.")
-    return out + ttft_lines(files)
+    return served_lines(files) + out + ttft_lines(files)
+
+
+def served_lines(files: dict, policy: str = "eager") -> list[str]:
+    """04's first paragraph: the encoder parallel mode a default vLLM deployment runs Kimi-K2.5's
+    encoder in (read from vLLM's source: ``encoder_parallel.VLLM_FACTS``) and what the RoPE choice
+    buys in TTFT there (``time_to_first_token.csv``'s rows of that mode, the encoder eager), beside
+    the other modes the rows hold."""
+    from rope_kernels.model.encoder_parallel import VLLM_DEFAULT_ENCODER_PARALLEL as default, VLLM_FACTS, \
+        VLLM_VERSION
+
+    mode, data = VLLM_FACTS["default_mode"], VLLM_FACTS["kimi_supports_data"]
+    head = (f"A default vLLM {VLLM_VERSION} deployment runs Kimi-K2.5's vision encoder with "
+            f"`mm_encoder_tp_mode=\"{mode.value}\"` (`{mode.file}:{mode.line}`), here `{default}`: the weights "
+            f"split over the 8 GPUs, 2 of the 16 heads each; the images-split mode (`dp8`, vLLM's \"data\") is "
+            f"supported for Kimi-K2.5 (`{data.file}:{data.line}`) but must be asked for.")
+    t = files.get(TIME_TO_FIRST_TOKEN_CSV)
+    res = T.ENCODER_BUCKET[0]
+    if t is None or t.empty or "encoder_parallel" not in t or default not in set(t["encoder_parallel"]):
+        return [head + f" These rows hold no `{default}` rows: what the RoPE choice buys there is not measured."]
+    t = t[(t["resolution"] == res) & (t["encoder_policy"] == policy)]
+    ours = [v for v in t["variant"].unique() if group(v) == "ours"]
+    parts = []
+    for par in [default] + [p for p in sorted(set(t["encoder_parallel"])) if p != default]:
+        sub = t[t["encoder_parallel"] == par]
+        if sub.empty:
+            continue
+        n = int(sub["images"].max())
+        at = sub[sub["images"] == n].drop_duplicates("variant").set_index("variant")
+        mine = [v for v in ours if v in at.index]
+        if "native" not in at.index or not mine:
+            continue
+        best = min(mine, key=lambda v: at.loc[v, "ttft_ms"])
+        nat, saved = at.loc["native", "ttft_ms"], at.loc["native", "ttft_ms"] - at.loc[best, "ttft_ms"]
+        comm = at.loc["native", "comm_ms"] if "comm_ms" in at.columns else 0.0
+        parts.append(f"`{par}` at {n} images of {res}: {name(best)} saves {saved:.1f} ms of native's {nat:.0f} ms "
+                     f"TTFT ({100 * saved / nat:.2f}%)" + (f", collectives {comm:.1f} ms (modelled)" if comm else ""))
+    if not parts:
+        return [head]
+    models = sorted({str(m) for m in t.loc[t["encoder_parallel"] != "1gpu", "comm_model"].dropna()}) \
+        if "comm_model" in t.columns else []
+    return [head + " What the RoPE choice buys in TTFT (encoder eager, vLLM's default; the encoder time "
+                   "measured on one GPU's share, the prefill chunked as vLLM runs it): " + "; ".join(parts) + "."
+            + (f" Collectives {'; '.join(models)}." if models else "")]
 
 
 def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
     """04: time to first token (encoder + the LLM's prefill) at 1 and the most images of 1024x1024 under
     vLLM's default encoder policy (eager), native against the fastest of ours, and where the prefill
     comes from (``time_to_first_token.csv``)."""
+    from rope_kernels.model.encoder_parallel import one_gpu_rows
+
     t = files.get(TIME_TO_FIRST_TOKEN_CSV)
     if t is None or t.empty:
         return []
+    t = one_gpu_rows(t)  # the whole encoder on one GPU (the parallel modes: served_lines)
     t = t[(t["resolution"] == T.ENCODER_BUCKET[0]) & (t["encoder_policy"] == policy)]
     if t.empty or "native" not in set(t["variant"]):
         return []
@@ -482,8 +537,17 @@ def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
     source = (f"{row['prefill_package']} ({row['prefill_system']}, {row['prefill_backend']} tables "
               f"{row['prefill_tables_version']}, {row['prefill_parallelism']})"
               if row.get("prefill_source") == "aiconfigurator" else f"the hand model ({row.get('prefill_note', '')})")
-    return [f"Time to first token at {T.ENCODER_BUCKET[0]} under vLLM's default (encoder eager), prefill from "
-            f"{source}: " + "; ".join(parts) + "."]
+    # the largest prompt: how its prefill ran (chunks), and where it lies past the tables
+    big = t[t["images"] == t["images"].max()].iloc[0]
+    how = ""
+    if "prefill_chunks" in t.columns and _ok(big.get("prefill_chunks")):
+        how = f" At {int(big['images'])} images the prefill is {big['prefill_note']}."
+    elif str(big.get("prefill_tables", "")).startswith("extrapolated"):
+        how = (f" At {int(big['images'])} images ({int(big['llm_prefill_tokens']):,} prefill tokens) the prefill is "
+               f"{big['prefill_tables']}.")
+    return [f"Time to first token at {T.ENCODER_BUCKET[0]} with the whole encoder on one GPU under vLLM's default "
+            f"launch policy (encoder eager), prefill from "
+            f"{source}: " + "; ".join(parts) + "." + how]
 
 
 NO_ROPE_QKV = ("cublas_linear", "quack_gemm")  # QKV GEMMs that rotate nothing: references, not candidates

@@ -253,6 +253,9 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
             continue
         # read_table renames older columns (TABLES) and refuses a file lacking these
         out[table] = read_table(path, required=TABLE_VALUES.get(table, ()))
+        if table == "encoder":  # the targets judge the whole encoder on one GPU (not tp8/dp8 shards)
+            from rope_kernels.model.encoder_parallel import one_gpu_rows
+            out[table] = one_gpu_rows(out[table])
     out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
         if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
     return out
