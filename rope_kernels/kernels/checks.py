@@ -13,6 +13,11 @@ from collections.abc import Sequence
 
 import torch
 
+try:  # torch >= 2.1
+    from torch.autograd.graph import increment_version as _increment_version
+except ImportError:  # pragma: no cover  (older torch: the C function it calls)
+    _increment_version = torch._C._increment_version
+
 from rope_kernels.kernels.interpreter import use_interpreter_without_gpu
 
 # Before Triton is first imported here, and so before the first @triton.jit (here, in every
@@ -122,6 +127,23 @@ def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor,
         raise ValueError(f"{q_name} and {k_name} share memory (overlapping views); they cannot "
                          f"both be {written}")
     check_writes_do_not_overlap_reads(((q_name, xq), (k_name, xk)), reads)
+
+
+# torch's own words for an in-place write to an inference tensor outside inference mode
+INFERENCE_TENSOR_WRITE = ("Inplace update to inference tensor outside InferenceMode is not "
+                          "allowed. You can make a clone to get a normal tensor before doing "
+                          "inplace update.")
+
+
+def mark_written(xq: torch.Tensor, xk: torch.Tensor) -> None:
+    """Tell autograd a kernel is about to write ``xq``/``xk`` through their pointers, as
+    torch's own in-place ops do: their version counters go up (a graph that saved either
+    then refuses ``backward()`` with torch's error), and an inference-mode tensor is
+    refused outside inference mode as ``x.mul_`` refuses it. No tensor op: two flag
+    reads and one counter bump per call."""
+    if (xq.is_inference() or xk.is_inference()) and not torch.is_inference_mode_enabled():
+        raise RuntimeError(INFERENCE_TENSOR_WRITE)
+    _increment_version((xq, xk))
 
 
 def check_writes_do_not_overlap_reads(writes: Sequence[tuple[str, torch.Tensor]],
