@@ -115,10 +115,13 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     report_dir = root / "reports" / slug
     written = []
     from rope_kernels.study.reports import build_index, notebook_to_html
-    from rope_kernels.study.results import check_writable_folder, run_lock, sweep_temp_files
+    from rope_kernels.study.results import (check_result_files, check_writable_folder, run_lock,
+                                            sweep_temp_files)
 
     for folder in (data_dir, report_dir):
         check_writable_folder(folder)  # before any notebook runs, one line if not
+    # a damaged file the notebooks will upsert into: refused now, not after the measurements
+    check_result_files(data_dir, [name for nb in notebooks for name in SPECS[nb].writes])
 
     # Runs may share a device folder (job-array tasks; result files lock per write).
     # Only a run that finds no other sweeps what killed runs left behind.
