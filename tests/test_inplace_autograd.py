@@ -102,3 +102,40 @@ def test_the_version_goes_up_once_per_call_and_out_of_place_leaves_inputs_alone(
         fused_qk_rope(xq, xk, cos, sin)
         assert (xq._version, xk._version) == v
     assert fused._PLANS  # the second round went the planned way
+
+
+def test_the_launch_candidates_in_place_bump_too():
+    """The benchmark's other in-place kernels (tiles, persistent) are ours as well."""
+    from rope_kernels.bench.fused_candidates import fused_qk_rope_persistent, fused_qk_rope_tiles
+
+    for candidate in (fused_qk_rope_tiles, fused_qk_rope_persistent):
+        xq, xk, freqs_cis = _inputs()
+        w = torch.randn(xq.shape, requires_grad=True)
+        z = (w * xq).sum()
+        candidate(xq, xk, freqs_cis.real.contiguous(), freqs_cis.imag.contiguous(), inplace=True)
+        with pytest.raises(RuntimeError, match=MODIFIED):
+            z.backward()
+
+
+def test_a_qkv_gemm_out_is_marked_written():
+    """``out=`` of the QKV GEMM with RoPE: the buffer a graph saved is refused afterwards,
+    and an inference-mode buffer outside inference mode is refused unwritten."""
+    from rope_kernels.kernels.qkv_gemm import qkv_rope_linear
+
+    tokens, heads, head_dim, hidden = 5, 2, 8, 32
+    x = torch.randn(tokens, hidden).to(torch.bfloat16)
+    w_qkv = torch.randn(3 * heads * head_dim, hidden).to(torch.bfloat16)
+    _, _, freqs_cis = _inputs(tokens, heads, head_dim)
+    cos, sin = freqs_cis.real.contiguous(), freqs_cis.imag.contiguous()
+    out = torch.randn(tokens, 3, heads, head_dim).to(torch.bfloat16)
+    w = torch.randn(out.shape, requires_grad=True)
+    z = (w * out).sum()
+    qkv_rope_linear(x, w_qkv, None, cos, sin, heads=heads, out=out)
+    with pytest.raises(RuntimeError, match=MODIFIED):
+        z.backward()
+    with torch.inference_mode():
+        frozen = torch.randn(tokens, 3, heads, head_dim).to(torch.bfloat16)
+    before = frozen.clone()
+    with pytest.raises(RuntimeError, match="inference tensor outside InferenceMode"):
+        qkv_rope_linear(x, w_qkv, None, cos, sin, heads=heads, out=frozen)
+    assert torch.equal(frozen, before)
