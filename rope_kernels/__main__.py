@@ -266,7 +266,14 @@ def _ttft(args) -> int:
     from rope_kernels.study.results import read_table, upsert_csv
     from rope_kernels.study.specs import ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV
 
-    folder = (Path(args.data_root) if args.data_root else REPO_ROOT / "data") / args.device
+    root = Path(args.data_root) if args.data_root else REPO_ROOT / "data"
+    folder = root / args.device
+    # one folder under the data root (a device's name), never a path that leaves it
+    if args.device in ("", ".", "..") or Path(args.device).name != args.device or \
+            "\\" in args.device or not folder.resolve().is_relative_to(root.resolve()):
+        print(f"rope-study: error: --device must name a folder under {root} (a device, e.g. "
+              f"nvidia-h200), got {args.device!r}", file=sys.stderr)
+        return 2
     source = folder / ENCODER_LATENCY_CSV
     if not source.exists():
         print(f"rope-study: error: no {source}", file=sys.stderr)

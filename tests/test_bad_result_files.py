@@ -66,3 +66,45 @@ def test_the_sweep_leaves_a_link_and_its_target(tmp_path):
     os.utime(link, (0, 0), follow_symlinks=False)
     assert results.sweep_temp_files(tmp_path) == []
     assert link.is_symlink() and target.exists()
+
+
+class _Measured(Exception):
+    """What the fake notebook raises: the run got as far as measuring."""
+
+
+@pytest.mark.parametrize("name,damage,match", [
+    ("encoder_latency.csv", "native,56x56,1,eager,X,1.5", "the last line is not terminated"),
+    ("encoder_latency.csv", '"native,56x56,1,eager,X,1.5\n', "not a well-formed CSV line"),
+    ("encoder_latency.csv", "native,56x56\n", "2 fields where the header has 6"),
+    ("time_to_first_token.csv", "\x00\x01garbage\x02,\x03\n", "2 fields where the header has 6"),
+    ("ttft.csv", "native,56x56,1,eager,X,1.5", "the last line is not terminated"),  # its former name
+])
+def test_a_damaged_result_file_is_refused_before_the_run_measures(tmp_path, monkeypatch, name,
+                                                                    damage, match):
+    """Issue 47 item 7: a truncated or garbage CSV was found only when the notebook wrote
+    its rows, after every measurement; now the run refuses it before any notebook starts."""
+    from rope_kernels.study import runner
+    from rope_kernels.study.devices import device_name, device_slug
+    from rope_kernels.study.devices import REPO_ROOT
+
+    root = tmp_path / "root"
+    root.mkdir()
+    for folder in ("notebooks", "params"):
+        (root / folder).symlink_to(REPO_ROOT / folder)
+    data = root / "data" / device_slug(device_name("cpu"))
+    data.mkdir(parents=True)
+    path = data / name
+    path.write_text("variant,resolution,images,mode,device_name,median_ms\n"
+                    "fused,56x56,1,eager,X,1.25\n" + damage)
+    before = path.read_bytes()
+
+    def measure(*args, **kw):
+        raise _Measured
+
+    monkeypatch.setattr(runner, "execute_notebook", measure)
+    with pytest.raises(ResultFileError, match=f"{name}:3: {match}.*nothing was run"):
+        runner.run_study(device="cpu", only=["04"], root=root, log=lambda *a: None)
+    assert path.read_bytes() == before
+    path.write_text(path.read_text().splitlines()[0] + "\n")  # a sound file: the run goes on
+    with pytest.raises(_Measured):
+        runner.run_study(device="cpu", only=["04"], root=root, log=lambda *a: None)

@@ -113,3 +113,37 @@ def test_slurm_times_are_accepted(time):
 def test_every_notebook_with_a_seed_checks_it():
     seeded = [nb for nb in NOTEBOOKS if "seed" in SPECS[nb].parameters]
     assert seeded and all(SPECS[nb].parameters["seed"].rule is not None for nb in seeded)
+
+
+@pytest.mark.parametrize("device", ["../outside", "ABS", "nvidia-h200/../../outside", ".", "..",
+                                    "sub/folder", "link"])
+def test_ttft_writes_only_into_a_folder_under_the_data_root(device, tmp_path, capsys):
+    """Issue 47 item 5: ``ttft --device ../../x --write`` (or an absolute path) wrote
+    time_to_first_token.csv outside data/; --device names one folder under it."""
+    import shutil
+
+    from rope_kernels.study.devices import REPO_ROOT
+
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    for folder in (root / "nvidia-h200", root / "sub" / "folder", outside):
+        folder.mkdir(parents=True)
+        shutil.copy(REPO_ROOT / "data" / "nvidia-h200" / "encoder_latency.csv", folder)
+    (root / "link").symlink_to(outside)
+    device = str(outside) if device == "ABS" else device
+    err = _one_line_error(capsys, ["ttft", "--data-root", str(root), "--device", device,
+                                   "--prefill", "hand", "--images", "1", "--write"])
+    assert "--device must name a folder under" in err and repr(device) in err
+    assert sorted(p.name for p in outside.iterdir()) == ["encoder_latency.csv"]
+    assert not (root / "sub" / "folder" / "time_to_first_token.csv").exists()
+
+
+def test_ttft_writes_into_a_device_folder(tmp_path, capsys):
+    import shutil
+
+    from rope_kernels.study.devices import REPO_ROOT
+
+    (tmp_path / "nvidia-h200").mkdir()
+    shutil.copy(REPO_ROOT / "data" / "nvidia-h200" / "encoder_latency.csv", tmp_path / "nvidia-h200")
+    assert main(["ttft", "--data-root", str(tmp_path), "--device", "nvidia-h200", "--prefill", "hand",
+                 "--images", "1", "--write"]) == 0
+    assert (tmp_path / "nvidia-h200" / "time_to_first_token.csv").stat().st_size > 0

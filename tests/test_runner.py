@@ -164,7 +164,7 @@ def test_wheelhouse_command_expands_manylinux_tags(tmp_path):
 # Values are checked before anything runs, with the typo check's exit code and one line --
 
 @pytest.mark.parametrize("override, match", [
-    ("samples=0", "02_microbench.samples must be >= 1, got 0"),
+    ("samples=0", "02_microbench.samples must be from 1 to 1000 .*, got 0"),
     ("02_microbench.modes=[]", "modes must not be empty"),
     ("dtypes=[]", "01_kernels.dtypes must not be empty"),
     ("families=[]", "families must not be empty"),
@@ -389,3 +389,33 @@ def test_a_failed_cell_stops_the_run_with_one_line_naming_it(tmp_path, monkeypat
     failure = KeyError("not a cell")
     with pytest.raises(KeyError):
         runner.run_study(device="cpu", only=["01"], root=root, log=lambda *a: None)
+
+
+def test_a_successful_run_removes_an_earlier_failures_notebook(tmp_path, monkeypatch):
+    """Issue 47 item 6: a stale 04_ttft.failed.ipynb stayed beside the new report; a
+    failing run still leaves its own, and never touches the last good report."""
+    import papermill
+
+    from rope_kernels.study.runner import execute_notebook
+
+    outcome = {"fail": True}
+
+    def fake_execute(src, out, **kw):
+        Path(out).write_text('{"ran": true}')
+        if outcome["fail"]:
+            raise RuntimeError("a cell raised")
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    report = tmp_path / "r" / "04_ttft.ipynb"
+    failed = tmp_path / "r" / "04_ttft.failed.ipynb"
+    with pytest.raises(RuntimeError):
+        execute_notebook(tmp_path / "a.ipynb", report, {}, cwd=tmp_path)
+    assert failed.exists() and not report.exists()
+    outcome["fail"] = False
+    execute_notebook(tmp_path / "a.ipynb", report, {}, cwd=tmp_path)
+    assert report.exists() and not failed.exists()
+    assert sorted(p.name for p in report.parent.iterdir()) == ["04_ttft.ipynb"]
+    outcome["fail"] = True
+    with pytest.raises(RuntimeError):
+        execute_notebook(tmp_path / "a.ipynb", report, {}, cwd=tmp_path)
+    assert failed.exists() and report.read_text() == '{"ran": true}'

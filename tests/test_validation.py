@@ -7,6 +7,7 @@ from rope_kernels import (
     cos_sin_views,
     fused_qk_rope,
     native_rope,
+    rope_reference,
     vision_freqs_cis,
     vllm_merged_recreated_rope,
 )
@@ -145,6 +146,15 @@ def test_zero_tokens_returns_empty(device):
     xq, xk = qk(t=0, device=device)
     q, k = fused_qk_rope(xq, xk, *cs(t=0, device=device))
     assert q.shape == (0, 2, 8) and k.shape == (0, 2, 8)
+
+
+@pytest.mark.parametrize("tokens,heads", [(0, 2), (4, 0)])
+@pytest.mark.parametrize("fn", [native_rope, rope_reference], ids=["native", "reference"])
+def test_native_and_reference_return_empty_on_no_elements(fn, tokens, heads):
+    """Issue 47 item 3: 'cannot reshape tensor of 0 elements' before (view(..., -1, 2))."""
+    xq, xk = qk(t=tokens, h=heads)
+    q, k = fn(xq, xk, freqs(t=tokens))
+    assert q.shape == (tokens, heads, 8) and k.shape == (tokens, heads, 8)
 
 
 @pytest.mark.parametrize(

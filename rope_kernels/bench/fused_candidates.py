@@ -47,7 +47,8 @@ import triton
 import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_cos_sin, check_patch_coords, check_qk,
-                                         check_triton_device, check_writable_in_place)
+                                         check_triton_device, check_writable_in_place,
+                                         mark_written)
 from rope_kernels.kernels.fused import (RowsConfig, check_cache_hints, fused_qk_rope,
                                         fused_launch_config, head_dim_chunks, rows_launch_config,
                                         qk_strides, vector_width)
@@ -311,6 +312,7 @@ def _outputs(xq, xk, inplace: bool, who: str):
                          "or torch.no_grad()")
     if inplace:
         check_writable_in_place(xq, xk)
+        mark_written(xq, xk)
         return xq, xk
     q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
     k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)

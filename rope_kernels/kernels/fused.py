@@ -46,6 +46,7 @@ from rope_kernels.kernels.checks import (
     check_qk,
     check_triton_device,
     check_writable_in_place,
+    mark_written,
 )
 
 
@@ -399,12 +400,14 @@ def fused_qk_rope(
                              else "a tensor ") + "that requires grad: autograd cannot record "
                              "it; use inplace=False or torch.no_grad()")
         check_writable_in_place(xq, xk, reads=(("cos", cos), ("sin", sin)))
+        mark_written(xq, xk)
         q_out, k_out = xq, xk
     elif out is not None:
         if needs_grad:
             raise ValueError("out=... does not support autograd (inputs require grad); "
                              "leave out unset or use torch.no_grad()")
         q_out, k_out = _check_out(out, xq, xk, reads=(("cos", cos), ("sin", sin)))
+        mark_written(q_out, k_out)
     elif needs_grad:
         return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
     else:
@@ -529,6 +532,7 @@ def planned_call(xq, xk, cos, sin, inplace):
         for p0, n0 in ((pq, q_len), (pk, k_len)):
             if not (_apart(p0, n0, pc, c_len) and _apart(p0, n0, ps, s_len)):
                 return None
+        mark_written(xq, xk)
         q_out, k_out = xq, xk
     else:
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)

@@ -40,7 +40,8 @@ def _as_complex_pairs(x: torch.Tensor) -> torch.Tensor:
     if xf.storage_offset() % 2 or any(s % 2 for n, s in zip(xf.shape[:-1], xf.stride()[:-1])
                                       if n > 1):
         xf = xf.clone(memory_format=torch.contiguous_format)
-    return torch.view_as_complex(xf.view(*xf.shape[:-1], -1, 2))
+    # the pair count spelled out: view(..., -1, 2) cannot infer it on zero tokens
+    return torch.view_as_complex(xf.view(*xf.shape[:-1], xf.shape[-1] // 2, 2))
 
 
 def cos_sin_views(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +76,7 @@ def rope_reference(
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         xd = x.detach().double().contiguous()
-        xc = torch.view_as_complex(xd.view(*xd.shape[:-1], -1, 2))
+        xc = torch.view_as_complex(xd.view(*xd.shape[:-1], xd.shape[-1] // 2, 2))
         return torch.view_as_real(xc * freqs).flatten(-2)
 
     return rotate(xq), rotate(xk)

@@ -91,6 +91,7 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
     from rope_kernels.study.results import check_replaceable
 
     check_replaceable(dest)  # a link or read-only report is refused before the run, not after
+    failed = dest.with_name(dest.stem + ".failed.ipynb")
     dest.parent.mkdir(parents=True, exist_ok=True)
     kernel_sees_repo()
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".ipynb", dir=dest.parent)
@@ -110,11 +111,11 @@ def execute_notebook(src: Path, dest: Path, parameters: dict, *, cwd: Path,
         os.replace(tmp, dest)
     except BaseException:
         # Keep what ran, for debugging, beside (never over) the last good report.
-        failed = dest.with_name(dest.stem + ".failed.ipynb")
         if Path(tmp).exists() and Path(tmp).stat().st_size > 0:
             os.replace(tmp, failed)
         Path(tmp).unlink(missing_ok=True)
         raise
+    failed.unlink(missing_ok=True)  # an earlier failure's output no longer describes the report
     return dest
 
 

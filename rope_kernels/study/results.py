@@ -248,6 +248,25 @@ def check_writable_folder(folder: Path) -> None:
                               "own)") from None
 
 
+def check_result_files(folder: Path, names: Sequence[str]) -> None:
+    """Before a run measures anything: each result file it will upsert into ``folder``
+    (``names``, and the names they were formerly called) that already holds bytes must be
+    one it can merge, a well-formed CSV whose lines all end and hold the header's fields,
+    in a regular file it may replace; else the one-line ``ResultFileError`` the write
+    would raise after the measurements. The columns are checked at the write, against
+    the rows written."""
+    for name in names:
+        table = TABLES.get(name)
+        for path in (Path(folder) / n for n in (name, *(table.formerly if table else ()))):
+            check_replaceable(path)
+            if path.exists() and path.stat().st_size > 0:
+                try:
+                    _checked_text(path)
+                except ResultFileError as exc:
+                    raise ResultFileError(f"{exc}; nothing was run (repair or move the file; "
+                                          "the run would upsert its rows there)") from None
+
+
 def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
                key: Sequence[str] | None = None) -> pd.DataFrame:
     """Merge ``rows`` into the CSV at ``path`` by ``key`` (``TABLES``' key for the

@@ -86,6 +86,19 @@ def skip_note(reasons: dict[str, str], kind: str) -> str | None:
             f"cannot load on this machine; the run went on without them:\n\n{items}")
 
 
+def check_sizes_fit(params: dict[str, dict], kind: str) -> None:
+    """Refuse, before anything runs, a notebook whose working set (``bounds.working_set``,
+    estimated from its parameters) is over the memory of the device it would run on."""
+    from rope_kernels.study.bounds import device_memory_bytes, memory_problems
+
+    memory = device_memory_bytes(kind)
+    problems = memory_problems(params, *memory) if memory is not None else []
+    if len(problems) == 1:
+        raise ParameterError(problems[0])
+    if problems:
+        raise ParameterError(f"{len(problems)} runs cannot fit:\n  " + "\n  ".join(problems))
+
+
 def run_study(*, device: str = "auto", params_file: Path | None = None,
               overrides: Sequence[str] = (), only: Sequence[str] | None = None,
               keep_inputs: bool = False, root: Path = REPO_ROOT, kernel_name: str | None = None,
@@ -104,6 +117,7 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     params = study_parameters(kind, root=root, notebooks=notebooks, params_file=params_file,
                               overrides=overrides, origins=origins)
     from_profile = {key for key, origin in origins.items() if origin == profile_layer(kind)}
+    check_sizes_fit(params, kind)  # before the registry loads the peers: a quick refusal
     skipped = check_variants_run_here(params, from_profile=from_profile)
     params = without_skipped(params, skipped)
     for line in skip_lines(skipped, kind):
@@ -115,10 +129,13 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     report_dir = root / "reports" / slug
     written = []
     from rope_kernels.study.reports import build_index, notebook_to_html
-    from rope_kernels.study.results import check_writable_folder, run_lock, sweep_temp_files
+    from rope_kernels.study.results import (check_result_files, check_writable_folder, run_lock,
+                                            sweep_temp_files)
 
     for folder in (data_dir, report_dir):
         check_writable_folder(folder)  # before any notebook runs, one line if not
+    # a damaged file the notebooks will upsert into: refused now, not after the measurements
+    check_result_files(data_dir, [name for nb in notebooks for name in SPECS[nb].writes])
 
     # Runs may share a device folder (job-array tasks; result files lock per write).
     # Only a run that finds no other sweeps what killed runs left behind.

@@ -48,6 +48,18 @@ def at_least(lo: int | float) -> Rule:
     return check
 
 
+# The most timed samples (or rounds) a notebook takes: far above what a profile asks for,
+# low enough that a slip (samples=10**18) is refused instead of running without end.
+MAX_SAMPLES = 1000
+
+
+def samples_rule(v, kind) -> str | None:
+    """A sample or round count: 1 to ``MAX_SAMPLES``."""
+    if not 1 <= v <= MAX_SAMPLES:
+        return f"must be from 1 to {MAX_SAMPLES} (the most samples a run takes), got {v!r}"
+    return None
+
+
 def one_of(choices: Sequence[str]) -> Rule:
     def check(v, kind):
         return None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
@@ -519,7 +531,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
                           list_of(_family_problem)),
         "dtypes": Param(["bfloat16"], list_of(_dtype_item)),
         "modes": Param(["eager"], modes(MICROBENCH_MODES)),
-        "samples": Param(3, at_least(1)),
+        "samples": Param(3, samples_rule),
         "config_sweep": Param(False),
         "sweep_shapes": Param([[8192, 16, 72]], _SHAPE_LIST),
         "progress": Param(True),
@@ -549,7 +561,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
                            "vllm_merged", "gemm_epilogue", "none"],
                           variant_names(allow_empty=False, extra=ENCODER_ONLY_ROPE), variants=True),
         "modes": Param(["eager"], modes(ENCODER_MODES)),
-        "samples": Param(2, at_least(1)),
+        "samples": Param(2, samples_rule),
         "attention": Param("auto", one_of(ATTENTION_KERNELS)),
         "max_tokens": Param(400000, at_least(1)),
         # time to first token = encoder latency (measured) + LLM prefill (modelled)
@@ -580,8 +592,8 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,
         "qkv_tokens": Param([37], _qkv_tokens_rule),
-        "samples": Param(3, at_least(1)),
-        "rounds": Param(5, at_least(1)),
+        "samples": Param(3, samples_rule),
+        "rounds": Param(5, samples_rule),
         "qkv_compile_budget_s": Param(60, at_least(0)),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
