@@ -1,4 +1,4 @@
-"""The fused kernel's planned launch path (``kernels.fused._LaunchPlan``): a layout checked
+"""The fused kernel's planned launch path (``kernels.launch_plan``): a layout checked
 once launches later calls without re-deriving its checks, yet every check that depends on
 the tensors' addresses still runs, and the result is the full path's, bit for bit."""
 
@@ -55,7 +55,7 @@ def test_a_planned_layout_still_refuses_cos_sin_inside_q(device):
     qkv = buf.view(torch.bfloat16).view(tokens, 3, heads, head_dim)
     freqs = buf[: tokens * head_dim].view(torch.complex64).view(tokens, head_dim // 2)
     cos2, sin2 = cos_sin_views(freqs)
-    assert fused._plan_key(qkv[:, 0], qkv[:, 1], cos2, sin2, True) in fused._PLANS
+    assert fused._PLANS.key(qkv[:, 0], qkv[:, 1], cos2, sin2, True) in fused._PLANS
     with pytest.raises(ValueError, match="shares memory"):
         fused.fused_qk_rope(qkv[:, 0], qkv[:, 1], cos2, sin2, inplace=True)
 
@@ -100,8 +100,8 @@ def test_direct_launches_match_float64_on_the_gpu():
             out = VARIANTS[name](qkv[:, 0], qkv[:, 1], inp.freqs_cis)
             torch.cuda.synchronize()
             assert max_abs_error(out, ref) <= tol, (name, call)
-        plans = [p for p in fused._PLANS.values() if p.grid is not None]
-        assert plans and all(p.compiled is not None for p in plans)
+        plans = [p for p in fused._PLANS.values() if p.launch is not None]
+        assert plans and all(p.launch.compiled is not None for p in plans)
 
 
 def test_the_planned_path_keeps_no_tensor_alive(device):
@@ -117,3 +117,107 @@ def test_the_planned_path_keeps_no_tensor_alive(device):
     del inp
     gc.collect()
     assert fused._PLANS and all(r() is None for r in refs)
+
+
+# -- the plan cache (kernels/launch_plan.py) ---------------------------------------------------
+
+def _within_tolerance(out, inp):
+    """``out`` against float64, at most the bf16/fp16 rule (2x native's own error) or the
+    fp32 relative bound."""
+    from rope_kernels.correctness import FP32_REL_TOL, lowp_tolerance, max_abs_error
+    from rope_kernels.kernels.reference import native_rope, rope_reference
+
+    ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
+    scale = max(r.abs().max().item() for r in ref)
+    if inp.xq.dtype == torch.float32:
+        tol = FP32_REL_TOL * scale
+    else:
+        tol = lowp_tolerance(max_abs_error(native_rope(inp.xq, inp.xk, inp.freqs_cis), ref),
+                             scale, inp.xq.dtype)
+    return max_abs_error(out, ref) <= tol
+
+
+def _packed(inp):
+    qkv = inp.qkv.clone()
+    return qkv[:, 0], qkv[:, 1]
+
+
+def _layouts(device):
+    """(name, inputs, make q and k anew): one base layout and one change each of shape, dtype
+    and strides (separate contiguous q and k instead of packed-qkv views), fresh draws."""
+    base = make_inputs(5, 2, 8, torch.bfloat16, device)
+    longer = make_inputs(6, 2, 8, torch.bfloat16, device)
+    fp32 = make_inputs(5, 2, 8, torch.float32, device)
+    return [("base", base, lambda: _packed(base)), ("shape", longer, lambda: _packed(longer)),
+            ("dtype", fp32, lambda: _packed(fp32)),
+            ("strides", base, lambda: (base.xq.contiguous(), base.xk.contiguous()))]
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "in_place"])
+def test_each_changed_layout_gets_its_own_plan_and_the_planned_call_matches_float64(
+        inplace, device, monkeypatch):
+    """A changed shape, dtype or stride is a new key (a new derivation of the launch); the
+    second call on each layout is planned (no derivation) and matches float64."""
+    derived = []
+    real = fused.rows_launch
+    monkeypatch.setattr(fused, "rows_launch", lambda *a, **k: derived.append(a[0].shape) or real(*a, **k))
+    keys = set()
+    for n, (name, inp, fresh) in enumerate(_layouts(device), start=1):
+        cos, sin = cos_sin_views(inp.freqs_cis)
+        for call in range(2):
+            q, k = fresh()
+            out = fused.fused_qk_rope(q, k, cos, sin, inplace=inplace)
+            assert _within_tolerance(out, inp), (name, call)
+            assert len(derived) == n, (name, call)  # derived on the first call only
+        keys.add(fused._PLANS.key(q, k, cos, sin, inplace))
+        assert len(fused._PLANS) == n == len(keys), name
+
+
+def test_extra_options_key_their_own_plans(device):
+    """``extra`` (a call option that changes the launch, e.g. a rotation convention) is part
+    of the key: the same tensors under another option are not the same plan."""
+    inp = make_inputs(4, 2, 8, torch.bfloat16, device)
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    a = fused._PLANS.key(inp.xq, inp.xk, cos, sin, False, ("pairs",))
+    b = fused._PLANS.key(inp.xq, inp.xk, cos, sin, False, ("half",))
+    assert a is not None and b is not None and a != b
+    assert fused._PLANS.key(inp.xq, inp.xk, cos, sin, False) != a
+
+
+def test_the_checked_and_the_planned_launch_are_one_derivation(device, monkeypatch):
+    """Both launches pass the kernel what ``rows_launch`` derived: the same scalars and
+    constexprs (recorded at Triton's launch), the planned call deriving nothing."""
+    seen = []
+    monkeypatch.setattr(fused.KernelLaunch, "launch",
+                        lambda self, *t: seen.append((self.grid, self.scalars, dict(self.constexprs),
+                                                      self.num_warps)))
+    inp = make_inputs(5, 3, 72, torch.bfloat16, device)
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    for _ in range(2):
+        fused.fused_qk_rope(inp.qkv[:, 0], inp.qkv[:, 1], cos, sin)
+    assert len(seen) == 2 and seen[0] == seen[1]
+    grid, scalars, constexprs, warps = seen[0]
+    config = fused.fused_launch_config(3, 72, 2)
+    assert scalars[0] == 5 and constexprs["BLOCK_T"] == config.block_t and warps == config.num_warps
+    assert list(constexprs)[:2] == ["HEADS", "HEAD_DIM"] and constexprs["COPY"] is False
+
+
+def test_out_of_place_outputs_are_fresh_contiguous_and_aligned(device):
+    """The planned out-of-place call's outputs: contiguous, apart from each other and from
+    the inputs, 16-byte aligned; one allocation where a half's bytes are a multiple of 16,
+    else two (a shared buffer would misalign k_out)."""
+    from rope_kernels.kernels.launch_plan import new_outputs
+
+    for tokens, heads, head_dim in ((5, 2, 8), (3, 1, 2)):  # 160 bytes; 12 bytes
+        x = torch.randn(tokens, heads, head_dim, device=device).to(torch.bfloat16)
+        q, k = new_outputs(x)
+        assert q.shape == k.shape == x.shape and q.is_contiguous() and k.is_contiguous()
+        assert (q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) == (
+            x.numel() * 2 % 16 == 0)
+        assert q.data_ptr() + x.numel() * 2 <= k.data_ptr() or k.data_ptr() + x.numel() * 2 <= q.data_ptr()
+    inp = make_inputs(5, 2, 8, torch.bfloat16, device)
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    for _ in range(2):
+        q, k = fused.fused_qk_rope(inp.qkv[:, 0], inp.qkv[:, 1], cos, sin)
+        assert q.is_contiguous() and k.is_contiguous() and (q.data_ptr() | k.data_ptr()) % 16 == 0
+        assert _within_tolerance((q, k), inp)

@@ -73,8 +73,8 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import (RowsConfig, launch_rows as _launch_fused_rows,
-                                        fused_launch_config, interleaved_cos_sin, row_chunks)
+from rope_kernels.kernels.fused import (RowsConfig, fused_launch_config, interleaved_cos_sin,
+                                        row_chunks, rows_launch)
 from rope_kernels.kernels.reference import cos_sin_views
 
 
@@ -487,9 +487,10 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     if not isinstance(tiling, CopyTiling):
         raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
     if tiling.layout == "fused":  # the fused kernel's own program, COPY mode (any q/k strides)
-        _launch_fused_rows(xq, xk, q_out, k_out, cos, sin,
-                           RowsConfig(tiling.block_t, tiling.num_warps), copy_never=never,
-                           n_tokens=n_tokens)
+        launch = rows_launch(xq, xk, q_out, k_out, cos, sin,
+                             RowsConfig(tiling.block_t, tiling.num_warps), copy_never=never,
+                             n_tokens=n_tokens)
+        launch.launch(xq, xk, q_out, k_out, cos, sin)  # not None: tokens and heads checked above
         return
     tensors = (xq, xk, q_out, k_out)
     row = heads * head_dim

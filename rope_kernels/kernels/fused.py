@@ -32,8 +32,6 @@ int64, so any T fits.
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +45,7 @@ from rope_kernels.kernels.checks import (
     check_triton_device,
     check_writable_in_place,
 )
+from rope_kernels.kernels.launch_plan import KernelLaunch, PlanCache, new_outputs
 
 
 @triton.jit
@@ -372,11 +371,11 @@ def fused_qk_rope(
     ``out=`` do not record autograd and refuse inputs that require grad.
 
     Host time: a call whose inputs match the layout of an earlier checked call
-    (``_LaunchPlan``) skips the checks that depend only on that layout and launches
-    with the arguments derived then (see ``planned_call``).
+    (``kernels.launch_plan``) skips the checks that depend only on that layout and
+    launches with the arguments ``rows_launch`` derived then.
     """
     if out is None and config is None:
-        done = planned_call(xq, xk, cos, sin, inplace)
+        done = _PLANS.call(xq, xk, cos, sin, inplace)
         if done is not None:
             return done
     check_qk(xq, xk)
@@ -408,177 +407,21 @@ def fused_qk_rope(
     elif needs_grad:
         return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
     else:
-        q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
-        k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
+        q_out, k_out = new_outputs(xq)
     if out is None and config is None and not needs_grad:
-        plan = _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace)
+        plan = _PLANS.remember(xq, xk, q_out, k_out, cos, sin, inplace,
+                               lambda: rows_launch(xq, xk, q_out, k_out, cos, sin, None))
         if plan is not None:
-            plan.launch(xq, xk, q_out, k_out, cos, sin)
+            if plan.launch is not None:
+                plan.launch.launch(xq, xk, q_out, k_out, cos, sin)
             return q_out, k_out
-    launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+    _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
     return q_out, k_out
 
 
-# -- the launch path for a layout seen before -------------------------------------------------
-# What a call's checks and launch settings depend on, besides the tensors' addresses: their
-# types, shapes, strides, dtypes and devices, the addresses modulo 16 (vector width), whether
-# sin sits one float after cos (the interleaved freqs_cis views), in place or not. A call whose
-# key was checked before needs only the checks that depend on addresses: in place, that q and
-# k do not overlap each other or cos/sin, by byte ranges (exact: ranges that intersect go the
-# full way). Measured on a shared CPU with the launch stubbed out (1024 x 16 x 72 bf16, the
-# encoder's call: Variant.packed, median of 3 x 2000 calls, 2026-12-04): 107 -> 38 us per call
-# out of place (two output allocations remain) and 169 -> 21 us in place, against 24 us for
-# vLLM's packed_qk_rope_ stubbed the same way. What the launch itself costs is measured on the
-# GPU: the microbench's host_us column.
-_PLANS: dict = {}
-_PLANS_MAX = 256  # layouts kept; past that the table starts again (a bound, never a miss of a check)
-_JIT_RUN = type(_fused_qk_rope_rows_kernel).run  # a patched run (launch counting) is honoured
-# The direct launch repeats what JITFunction.run does after its cache lookup in Triton 3.6
-# (runtime/jit.py: kernel.run(grid, stream, function, packed_metadata, launch_metadata,
-# hooks, *bound_args.values())); another Triton goes through its own run every call.
-_DIRECT_LAUNCH = triton.__version__.startswith("3.6.")
-
-
-class _LaunchPlan:
-    """One checked layout: the grid, every launch argument after the six tensors (in the
-    kernel's parameter order), the byte extents of q, k, cos and sin, the q-k address
-    deltas already checked in place, and (on a GPU) the compiled kernel to launch directly."""
-
-    __slots__ = ("grid", "tail", "constexprs", "num_warps", "extents", "qk_deltas", "compiled",
-                 "device")
-
-    def __init__(self, grid, tail, constexprs, num_warps, extents):
-        self.grid, self.tail, self.num_warps, self.extents = grid, tail, num_warps, extents
-        self.constexprs = constexprs  # by name, in the kernel's parameter order
-        self.qk_deltas: set[int] = set()
-        self.compiled = None
-        self.device = None
-
-    def launch(self, xq, xk, q_out, k_out, cos, sin) -> None:
-        if self.grid is None:
-            return
-        kernel = _fused_qk_rope_rows_kernel
-        compiled = self.compiled
-        if compiled is not None and _DIRECT_LAUNCH and type(kernel).run is _JIT_RUN:
-            from triton.runtime import driver
-            from triton import knobs
-
-            device = driver.active.get_current_device()
-            if device == self.device:
-                # what JITFunction.run does once it has found the compiled kernel (Triton 3.6):
-                # the arguments in parameter order, constexprs included, to its launcher
-                stream = driver.active.get_current_stream(device)
-                args = (xq, xk, q_out, k_out, cos, sin, *self.tail, *self.constexprs.values())
-                run = compiled.run
-                enter = knobs.runtime.launch_enter_hook
-                meta = compiled.launch_metadata(self.grid, stream, *args) if enter is not None else None
-                run(self.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, meta,
-                    enter, knobs.runtime.launch_exit_hook, *args)
-                return
-        got = kernel[self.grid](xq, xk, q_out, k_out, cos, sin, *self.tail, **self.constexprs,
-                                num_warps=self.num_warps)
-        if xq.device.type == "cuda" and hasattr(got, "packed_metadata") and hasattr(got, "function"):
-            from triton.runtime import driver
-
-            self.compiled, self.device = got, driver.active.get_current_device()
-
-
-def _extent(x: torch.Tensor) -> int:
-    """Bytes from a view's first element to the end of its last."""
-    if x.numel() == 0:
-        return 0
-    return (sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1) * x.element_size()
-
-
-def _plan_key(xq, xk, cos, sin, inplace):
-    """The layout a plan is valid for, or None where only the full path may decide
-    (not plain tensors, meta tensors, autograd involved)."""
-    T = torch.Tensor
-    if not (type(xq) is T and type(xk) is T and type(cos) is T and type(sin) is T
-            and type(inplace) is bool):
-        return None
-    if torch.is_grad_enabled() and (xq.requires_grad or xk.requires_grad or cos.requires_grad
-                                    or sin.requires_grad):
-        return None
-    device = xq.device
-    if device.type == "meta":
-        return None
-    cp = cos.data_ptr()
-    return (xq.shape, xq.stride(), xk.shape, xk.stride(), xq.dtype, xk.dtype, device, xk.device,
-            cos.shape, cos.stride(), sin.shape, sin.stride(), cos.dtype, sin.dtype, cos.device,
-            sin.device, xq.data_ptr() % 16, xk.data_ptr() % 16, cp % 16, sin.data_ptr() - cp == 4,
-            inplace)
-
-
-def _apart(a0: int, a_len: int, b0: int, b_len: int) -> bool:
-    return a0 + a_len <= b0 or b0 + b_len <= a0
-
-
-def planned_call(xq, xk, cos, sin, inplace):
-    """The call on a checked layout (``_LaunchPlan``), or None: not seen before, or an
-    address-dependent check that the full path must make."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        return None
-    if inplace:
-        q_len, k_len, c_len, s_len = plan.extents
-        pq, pk, pc, ps = xq.data_ptr(), xk.data_ptr(), cos.data_ptr(), sin.data_ptr()
-        if not _apart(pq, q_len, pk, k_len) and (pk - pq) not in plan.qk_deltas:
-            return None
-        for p0, n0 in ((pq, q_len), (pk, k_len)):
-            if not (_apart(p0, n0, pc, c_len) and _apart(p0, n0, ps, s_len)):
-                return None
-        q_out, k_out = xq, xk
-    else:
-        q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
-        k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        if (q_out.data_ptr() | k_out.data_ptr()) % 16:
-            return None  # the plan's vector width assumed 16-byte aligned outputs
-    plan.launch(xq, xk, q_out, k_out, cos, sin)
-    return q_out, k_out
-
-
-def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
-    """After the full checks passed: the plan for this layout (made once), with this
-    call's q-k delta recorded as checked; None where no plan applies."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
-    if key is None or (not inplace and (q_out.data_ptr() | k_out.data_ptr()) % 16):
-        return None
-    plan = _PLANS.get(key)
-    if plan is None:
-        tokens, heads, head_dim = xq.shape
-        if tokens == 0 or heads == 0:
-            grid, tail, constexprs, warps = None, (), {}, 1
-        else:
-            check_triton_device(xq, "fused_qk_rope")
-            config = fused_launch_config(heads, head_dim, xq.element_size())
-            main, rest = row_chunks(heads, head_dim, config.padded)
-            check_block_fits(config, heads, head_dim, main)  # once per layout, as launch_rows does
-            vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-            adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-            cs_vec = cos_sin_vector(cos, sin)
-            grid = fused_grid(tokens, config)
-            tail = (tokens, *qk_strides(xq, xk, q_out, k_out, vec),
-                    cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-                    0.0)
-            # as launch_rows passes them (same names, same values): one compiled kernel for both
-            constexprs = dict(
-                HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
-                VEC=vec, CS_VEC=cs_vec, HEADS_ADJACENT=adjacent,
-                INTERLEAVED=interleaved_cos_sin(cos, sin), INVERSE=False,
-                EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-                COPY=False)
-            warps = config.num_warps
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = _LaunchPlan(grid, tail, constexprs, warps,
-                                         (_extent(xq), _extent(xk), _extent(cos), _extent(sin)))
-    if inplace:
-        if len(plan.qk_deltas) >= _PLANS_MAX:
-            plan.qk_deltas.clear()
-        plan.qk_deltas.add(xk.data_ptr() - xq.data_ptr())
-    return plan
+# Layouts checked before (kernels/launch_plan.py): a call on one skips the checks that depend
+# only on its layout and launches with the arguments ``rows_launch`` derived then.
+_PLANS = PlanCache()
 
 
 class _FusedQKRopeFunction(torch.autograd.Function):
@@ -591,7 +434,7 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         ctx.config = config
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+        _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
         return q_out, k_out
 
     @staticmethod
@@ -606,38 +449,47 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         dq, dk = grads
         gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
         gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
-        launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
+        _launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
         return gq, gk, None, None, None
 
 
-def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-            inverse: bool = False, copy_never: float | None = None,
-            n_tokens: int | None = None) -> None:
-    """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch).
-    ``copy_never`` (a float, NaN for a real copy): the COPY mode the same-bytes copy's
-    ``fused`` member launches; ``n_tokens`` (tests only): stop short of the tensors."""
+def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
+                inverse: bool = False, copy_never: float | None = None,
+                n_tokens: int | None = None) -> KernelLaunch | None:
+    """The rows kernel's launch on checked tensors of this layout (None: nothing to launch):
+    the one derivation of its grid, scalars and constexprs, used by every launch (checked,
+    planned, backward, the same-bytes copy's ``fused`` member). ``copy_never`` (a float,
+    NaN for a real copy): the COPY mode of ``bench.same_bytes_copy``; ``n_tokens`` (tests
+    only): stop short of the tensors."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
-        return
-    n_tokens = tokens if n_tokens is None else n_tokens
+        return None
     if config is None:
         config = fused_launch_config(heads, head_dim, xq.element_size())
     main, rest = row_chunks(heads, head_dim, config.padded)
     check_block_fits(config, heads, head_dim, main)
     check_triton_device(xq, "fused_qk_rope")
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-    interleaved = interleaved_cos_sin(cos, sin)
     cs_vec = cos_sin_vector(cos, sin)
-    _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
-        xq, xk, q_out, k_out, cos, sin, n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
-        cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-        0.0 if copy_never is None else float(copy_never),
+    scalars = (tokens if n_tokens is None else n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
+               cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
+               0.0 if copy_never is None else float(copy_never))
+    constexprs = dict(  # in the kernel's parameter order (the direct launch passes them so)
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
-        CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse,
+        CS_VEC=cs_vec,
+        HEADS_ADJACENT=heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out)),
+        INTERLEAVED=interleaved_cos_sin(cos, sin), INVERSE=inverse,
         EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-        COPY=copy_never is not None, num_warps=config.num_warps,
-    )
+        COPY=copy_never is not None)
+    return KernelLaunch(_fused_qk_rope_rows_kernel, fused_grid(tokens, config), scalars,
+                        constexprs, config.num_warps)
+
+
+def _launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, **options) -> None:
+    """Derive (``rows_launch``) and launch once: a call whose layout is not planned."""
+    launch = rows_launch(xq, xk, q_out, k_out, cos, sin, config, **options)
+    if launch is not None:
+        launch.launch(xq, xk, q_out, k_out, cos, sin)
 
 
 def _check_out(out, xq: torch.Tensor, xk: torch.Tensor,
