@@ -13,16 +13,11 @@ q/k strides reach the kernel divided by ``VEC`` (the widest vector that divides 
 stride and base offset), which lets the compiler prove 16-byte alignment and emit
 vector loads even though a 72-element head is not a multiple of 16 elements.
 
-Why this layout: an exploration run on the H200, 2026-12-03 (tools/fused_explore.py;
-bf16, CUDA graphs, cold L2, Kimi's 21904 and 87616 tokens x 2, 4 and 16 heads x 72)
-timed it against the earlier default (a program per ``BLOCK_T`` tokens x ``BLOCK_H``
-heads reading a cos/sin table, now the "tiles" candidate in ``bench/fused_candidates.py``),
-one padded block per row and cache hints. Rows of 4 KB (two chunks, no hints) were the
-fastest launch or within 0.6% of it out of place, and within 1% in place, on every
-shape, and 1.05-1.14x faster than the tiles kernel (out of place and in place). The
-committed evidence is the launch-config sweep (``data/<device>/fused_configs.csv``,
-written by ``bench.microbench.sweep_fused_configs``), which times the default beside
-every candidate.
+Why this layout: it was the fastest (or within noise of it) of the layouts an H200
+exploration timed, out of place and in place, on every Kimi shape; the run and its figures
+are in docs/DECISIONS.md ("The fused RoPE kernel"). The committed evidence is the
+launch-config sweep (``data/<device>/fused_configs.csv``, written by
+``bench.microbench.sweep_fused_configs``), which times the default beside every candidate.
 
 All loads are issued before any store so they overlap in the memory system.
 ``n_tokens`` is not specialised: one compiled kernel serves every token count.
@@ -226,9 +221,8 @@ def qk_strides(xq, xk, q_out, k_out, vec):
 
 
 # Bytes of q (and as many of k) one program moves by default; rows_launch_config
-# rounds down to whole tokens (at least one). 4 KB: the fastest tile or within 0.6% of
-# it on every Kimi shape of the exploration run above (1, 2, 4 and 8 KB timed out of
-# place, 2 and 4 KB in place). The sweep times the same tiles
+# rounds down to whole tokens (at least one). Chosen from the tiles an H200 exploration
+# timed (docs/DECISIONS.md, "The fused RoPE kernel"); the sweep times the same tiles
 # (bench/fused_candidates.py's ROWS_TILE_BYTES_SWEPT).
 ROWS_TILE_BYTES = 4096
 ROWS_MAX_WARPS = 8
