@@ -203,21 +203,16 @@ def test_the_checked_and_the_planned_launch_are_one_derivation(device, monkeypat
 
 
 def test_out_of_place_outputs_are_fresh_contiguous_and_aligned(device):
-    """The planned out-of-place call's outputs: contiguous, apart from each other and from
-    the inputs, 16-byte aligned; one allocation where a half's bytes are a multiple of 16,
-    else two (a shared buffer would misalign k_out)."""
-    from rope_kernels.kernels.launch_plan import new_outputs
-
-    for tokens, heads, head_dim in ((5, 2, 8), (3, 1, 2)):  # 160 bytes; 12 bytes
-        x = torch.randn(tokens, heads, head_dim, device=device).to(torch.bfloat16)
-        q, k = new_outputs(x)
-        assert q.shape == k.shape == x.shape and q.is_contiguous() and k.is_contiguous()
-        assert (q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()) == (
-            x.numel() * 2 % 16 == 0)
-        assert q.data_ptr() + x.numel() * 2 <= k.data_ptr() or k.data_ptr() + x.numel() * 2 <= q.data_ptr()
+    """The planned out-of-place call's outputs: new contiguous tensors of q's shape and dtype,
+    apart from each other and from the inputs, 16-byte aligned, that require no grad."""
     inp = make_inputs(5, 2, 8, torch.bfloat16, device)
+    xq, xk = inp.qkv[:, 0], inp.qkv[:, 1]
     cos, sin = cos_sin_views(inp.freqs_cis)
     for _ in range(2):
-        q, k = fused.fused_qk_rope(inp.qkv[:, 0], inp.qkv[:, 1], cos, sin)
+        q, k = fused.fused_qk_rope(xq, xk, cos, sin)
+        assert q.shape == k.shape == xq.shape and q.dtype == k.dtype == xq.dtype
         assert q.is_contiguous() and k.is_contiguous() and (q.data_ptr() | k.data_ptr()) % 16 == 0
-        assert _within_tolerance((q, k), inp)
+        assert q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+        assert inp.qkv.untyped_storage().data_ptr() not in (q.untyped_storage().data_ptr(),
+                                                            k.untyped_storage().data_ptr())
+        assert not q.requires_grad and _within_tolerance((q, k), inp)
