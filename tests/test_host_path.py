@@ -199,7 +199,7 @@ def test_the_checked_and_the_planned_launch_are_one_derivation(device, monkeypat
     grid, scalars, constexprs, warps = seen[0]
     config = fused.fused_launch_config(3, 72, 2)
     assert scalars[0] == 5 and constexprs["BLOCK_T"] == config.block_t and warps == config.num_warps
-    assert list(constexprs)[:2] == ["HEADS", "HEAD_DIM"] and constexprs["COPY"] is False
+    assert list(constexprs)[:2] == ["HEADS", "HEAD_DIM"] and constexprs["PAIR_FN"] is fused._rotate_row_pairs
 
 
 def test_out_of_place_outputs_are_fresh_contiguous_and_aligned(device):
@@ -216,3 +216,20 @@ def test_out_of_place_outputs_are_fresh_contiguous_and_aligned(device):
         assert inp.qkv.untyped_storage().data_ptr() not in (q.untyped_storage().data_ptr(),
                                                             k.untyped_storage().data_ptr())
         assert not q.requires_grad and _within_tolerance((q, k), inp)
+
+
+def test_a_launch_passes_constexprs_in_the_kernels_parameter_order():
+    """The direct launch hands the constexprs to Triton's launcher by position: given in any
+    order they are put in the kernel's; a missing or unknown one is refused by name."""
+    from rope_kernels.kernels.launch_plan import KernelLaunch
+
+    kernel = fused._fused_qk_rope_rows_kernel
+    names = kernel.arg_names
+    n_const = 13
+    constexprs = {name: i for i, name in enumerate(names[-n_const:])}
+    shuffled = dict(reversed(list(constexprs.items())))
+    launch = KernelLaunch(kernel, (1,), (7, 8), shuffled, 4)
+    assert list(launch.constexprs) == names[-n_const:]
+    assert launch._bound_tail == (7, 8, *range(n_const))
+    with pytest.raises(ValueError, match="PAIR_FN"):
+        KernelLaunch(kernel, (1,), (), {k: v for k, v in constexprs.items() if k != "PAIR_FN"}, 4)

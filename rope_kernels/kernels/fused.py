@@ -52,24 +52,6 @@ def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _gate_row_pairs(x, cos, sin, never, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
-    """COPY mode: x unchanged (bit for bit) where its pair's cos and sin differ from
-    ``never`` (a NaN at run time: always), else 0. The stores depend on the cos/sin
-    loads as the rotation's do, so the compiler keeps them; no arithmetic on x."""
-    keep = (cos != never) & (sin != never)
-    return tl.where(tl.reshape(tl.join(keep, keep), (BLOCK_T, WIDTH)), x, 0.0)
-
-
-@triton.jit
-def _finish_row(x, cos, sin, never, out_ty, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
-                COPY: tl.constexpr):
-    """What a chunk stores: its rotation, or in COPY mode the gated input."""
-    if COPY:
-        return _gate_row_pairs(x, cos, sin, never, BLOCK_T, WIDTH).to(out_ty)
-    return _rotate_row_pairs(x, cos, sin, BLOCK_T, WIDTH).to(out_ty)
-
-
-@triton.jit
 def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
                  HEADS_ADJACENT: tl.constexpr):
     """Offsets of a token's row elements ``e`` (head-major): ``e`` itself when the
@@ -101,14 +83,13 @@ def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
     return c, s
 
 
-@triton.jit(do_not_specialize=["n_tokens", "never"])
+@triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qk_rope_rows_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
     qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,  # token strides in CS_VEC units
-    never,  # COPY mode only: a NaN at run time (no cos/sin value equals it)
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block)
     REST: tl.constexpr,  # power of two covering the rest of the row (0 when none)
@@ -116,14 +97,15 @@ def _fused_qk_rope_rows_kernel(
     CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
     HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
     INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
+    PAIR_FN: tl.constexpr,  # (x, cos, sin, BLOCK_T, WIDTH) -> what a chunk stores
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
     EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
-    COPY: tl.constexpr = False,  # store q and k unrotated: the same-bytes copy "fused" member
 ):
     """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head).
-    COPY: the same program with the rotation replaced by a gate on cos/sin (same loads,
-    same stores, no arithmetic): the limit this launch could reach."""
+    ``PAIR_FN`` is what a chunk's pairs become before the store: the rotation
+    (``_rotate_row_pairs``, what every launch here passes); ``bench/same_bytes_copy.py``
+    passes its gate instead (same loads, stores and programs, no arithmetic)."""
     ROW: tl.constexpr = HEADS * HEAD_DIM
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = (tokens < n_tokens)[:, None]
@@ -163,17 +145,17 @@ def _fused_qk_rope_rows_kernel(
 
     out_ty = q_out_ptr.dtype.element_ty
     tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(q, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             PAIR_FN(q, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(k, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             PAIR_FN(k, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     if REST > 0:
         tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(q2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 PAIR_FN(q2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
         tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(k2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 PAIR_FN(k2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
 
 
@@ -448,13 +430,13 @@ class _FusedQKRopeFunction(torch.autograd.Function):
 
 
 def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-                inverse: bool = False, copy_never: float | None = None,
+                inverse: bool = False, pair_fn=None,
                 n_tokens: int | None = None) -> KernelLaunch | None:
     """The rows kernel's launch on checked tensors of this layout (None: nothing to launch):
     the one derivation of its grid, scalars and constexprs, used by every launch (checked,
-    planned, backward, the same-bytes copy's ``fused`` member). ``copy_never`` (a float,
-    NaN for a real copy): the COPY mode of ``bench.same_bytes_copy``; ``n_tokens`` (tests
-    only): stop short of the tensors."""
+    planned, backward, the same-bytes copy's ``fused`` member). ``pair_fn``: the kernel's
+    ``PAIR_FN`` (None: the rotation; ``bench.same_bytes_copy`` passes its gate); ``n_tokens``
+    (tests only): stop short of the tensors."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
         return None
@@ -466,15 +448,14 @@ def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     cs_vec = cos_sin_vector(cos, sin)
     scalars = (tokens if n_tokens is None else n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
-               cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-               0.0 if copy_never is None else float(copy_never))
-    constexprs = dict(  # in the kernel's parameter order (the direct launch passes them so)
+               cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1))
+    constexprs = dict(  # by name (KernelLaunch orders them as the kernel's parameters)
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
         CS_VEC=cs_vec,
         HEADS_ADJACENT=heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out)),
-        INTERLEAVED=interleaved_cos_sin(cos, sin), INVERSE=inverse,
-        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-        COPY=copy_never is not None)
+        INTERLEAVED=interleaved_cos_sin(cos, sin),
+        PAIR_FN=_rotate_row_pairs if pair_fn is None else pair_fn, INVERSE=inverse,
+        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier)
     return KernelLaunch(_fused_qk_rope_rows_kernel, fused_grid(tokens, config), scalars,
                         constexprs, config.num_warps)
 

@@ -43,6 +43,13 @@ class KernelLaunch:
 
     def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int):
         self.kernel, self.grid, self.scalars, self.num_warps = kernel, grid, scalars, num_warps
+        names = getattr(kernel, "arg_names", None)  # a recorder standing in for it has none
+        if names is not None:  # the direct launch passes them by position
+            tail = names[len(names) - len(constexprs):]
+            if set(tail) != set(constexprs):
+                raise ValueError(f"{getattr(kernel, '__name__', kernel)} ends in parameters "
+                                 f"{tail}, got constexprs {list(constexprs)}")
+            constexprs = {name: constexprs[name] for name in tail}
         self.constexprs = constexprs  # by name, in the kernel's parameter order
         self._bound_tail = (*scalars, *constexprs.values())
         self.compiled = None
