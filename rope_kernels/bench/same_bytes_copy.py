@@ -75,7 +75,7 @@ import triton.language as tl
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
 from rope_kernels.kernels.fused import (RowsConfig, fused_launch_config, interleaved_cos_sin,
-                                        row_chunks, rows_launch)
+                                        row_chunks, rows_launch, rows_launch_config)
 from rope_kernels.kernels.reference import cos_sin_views
 
 
@@ -420,17 +420,13 @@ def same_bytes_copy_config(heads: int, head_dim: int, element_size: int) -> Copy
 
 
 def tokens_tiling(heads: int, head_dim: int, element_size: int, tile_bytes: int) -> CopyTiling:
-    """Whole tokens per program: the largest power of two whose q rows fit
-    ``tile_bytes`` (at least one); about one 16-byte vector per thread of the row's
-    first power-of-two chunk, 1 to 8 warps."""
+    """Whole tokens per program as the fused kernel tiles its rows (``rows_launch_config``
+    at ``tile_bytes``, the one place row tiling is decided): the largest power of two whose
+    q rows fit (at least one); about one 16-byte vector per thread of the row's first
+    power-of-two chunk, 1 to 8 warps."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size, tile_bytes=tile_bytes)
-    row = heads * head_dim
-    fit = max(1, tile_bytes // (row * element_size))
-    block_t = 1 << (fit.bit_length() - 1)
-    main, _ = row_chunks(heads, head_dim)
-    vectors = block_t * main * element_size // 16
-    warps = 1 << max(0, min(3, (max(1, vectors // 32)).bit_length() - 1))
-    return CopyTiling("tokens", block_t=block_t, num_warps=warps)
+    config = rows_launch_config(heads, head_dim, element_size, tile_bytes)
+    return CopyTiling("tokens", block_t=config.block_t, num_warps=config.num_warps)
 
 
 def fused_tiling(heads: int, head_dim: int, element_size: int) -> CopyTiling:
