@@ -233,3 +233,25 @@ def test_a_launch_passes_constexprs_in_the_kernels_parameter_order():
     assert launch._bound_tail == (7, 8, *range(n_const))
     with pytest.raises(ValueError, match="PAIR_FN"):
         KernelLaunch(kernel, (1,), (), {k: v for k, v in constexprs.items() if k != "PAIR_FN"}, 4)
+
+
+def test_the_host_path_benchmark_stubs_every_launch_and_restores_them():
+    """``bench.host_path --stub`` (a benchmark, not a timed test): one row per variant with
+    per-call figures, every launch recorded and none run, the launchers restored after."""
+    if "vllm_packed_qk" not in VARIANTS:
+        pytest.skip("vLLM's packed_qk_rope_ is absent; run `python -m rope_kernels peers fetch`")
+    from rope_kernels.bench import host_path
+    from rope_kernels.kernels.launch_plan import KernelLaunch
+    from rope_kernels.peers.vllm import packed_qk_source
+
+    module = packed_qk_source()[1]
+    before = (KernelLaunch.launch, module._packed_qk_rope_kernel)
+    with host_path.stubbed_launches() as launches:  # host_rows(stub=True) enters the same
+        rows = host_path.host_rows([4], device="cpu", stub=False, calls=3, repeats=2)
+        assert launches() == 3 * (3 + 3 * 2)  # per variant: 3 warm-up calls, 2 loops of 3
+    assert (KernelLaunch.launch, module._packed_qk_rope_kernel) == before
+    assert [r["variant"] for r in rows] == list(host_path.VARIANTS)
+    assert all(r["host_p20_us"] <= r["host_us"] <= r["host_p80_us"] for r in rows)
+    assert [r["x_vllm"] for r in rows][-1] == 1.0
+    assert host_path.host_rows([4], device="cpu", stub=True, calls=1, repeats=1)[0]["mode"] == "stub"
+    assert (KernelLaunch.launch, module._packed_qk_rope_kernel) == before
