@@ -17,7 +17,8 @@ A benchmark to run, not a test. Two modes:
 
 ``python -m rope_kernels.bench.host_path [--stub] [--tokens 1024 5476 ...] [--calls N]``
 prints one line per (tokens, variant): median, p20 and p80 us per call and the median
-over vLLM's at the same tokens.
+over vLLM's at the same tokens; then what each way of making the two out-of-place outputs
+costs (``ALLOCATIONS``), since vLLM's call is in place and allocates nothing.
 """
 
 from __future__ import annotations
@@ -105,6 +106,33 @@ def host_rows(tokens_list, *, device, stub: bool, calls: int, repeats: int = 5,
     return rows
 
 
+# How out-of-place outputs could be made (kernels/launch_plan.new_outputs uses "empty_like"):
+# each made and dropped per call, as the loop drops a call's outputs.
+ALLOCATIONS = {
+    "empty": lambda x: (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+                        torch.empty(x.shape, dtype=x.dtype, device=x.device)),
+    "empty_like": lambda x: (torch.empty_like(x, memory_format=torch.contiguous_format),
+                             torch.empty_like(x, memory_format=torch.contiguous_format)),
+    "one_buffer_unbind": lambda x: torch.empty((2, *x.shape), dtype=x.dtype,
+                                               device=x.device).unbind(0),
+}
+
+
+def allocation_rows(tokens_list, *, device, calls: int, repeats: int = 5,
+                    dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """Host us per call of each way in ``ALLOCATIONS`` to make a (q_out, k_out) pair like
+    q of the packed qkv (on a GPU: CUDA's caching allocator; on the CPU the C allocator's
+    own behaviour, which says little about a GPU)."""
+    rows = []
+    for tokens in tokens_list:
+        q = _packed_set(tokens, dtype, device)[0][:, 0]
+        for name, make in ALLOCATIONS.items():
+            t = host_time_us(make, [(q,)], calls=calls, repeats=repeats, warmup=3)
+            rows.append({"tokens": tokens, "allocation": name, "host_us": t.median_us,
+                         "host_p20_us": t.p20_us, "host_p80_us": t.p80_us})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stub", action="store_true",
@@ -124,6 +152,10 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['tokens']:>7} {r['variant']:<15} {r['host_us']:7.2f} "
               f"[{r['host_p20_us']:.2f}, {r['host_p80_us']:.2f}]  x vLLM {r['x_vllm']:.3f}")
+    print("host us per (q_out, k_out) pair made and dropped, by allocation (median [p20, p80])")
+    for r in allocation_rows(tokens, device=device, calls=args.calls, repeats=args.repeats):
+        print(f"{r['tokens']:>7} {r['allocation']:<18} {r['host_us']:7.2f} "
+              f"[{r['host_p20_us']:.2f}, {r['host_p80_us']:.2f}]")
     return 0
 
 
