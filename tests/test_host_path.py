@@ -255,3 +255,23 @@ def test_the_host_path_benchmark_stubs_every_launch_and_restores_them():
     assert [r["x_vllm"] for r in rows][-1] == 1.0
     assert host_path.host_rows([4], device="cpu", stub=True, calls=1, repeats=1)[0]["mode"] == "stub"
     assert (KernelLaunch.launch, module._packed_qk_rope_kernel) == before
+
+
+def test_a_planned_layout_still_refuses_cos_sin_inside_k(device):
+    """Separate contiguous q and k: a checked call makes the plan; then the same layout with
+    cos/sin in exactly k's bytes (q's apart from them): the planned path's k-range test
+    sends it to the full check, which refuses it."""
+    tokens, heads, head_dim = 4, 2, 8
+    inp = make_inputs(tokens, heads, head_dim, torch.bfloat16, device, seed=5)
+    cos, sin = cos_sin_views(inp.freqs_cis)
+    xq, xk = inp.xq.contiguous(), inp.xk.contiguous()
+    fused.fused_qk_rope(xq, xk, cos, sin, inplace=True)
+    half = tokens * heads * head_dim // 2  # floats per bf16 tensor
+    buf = torch.zeros(2 * half, dtype=torch.float32, device=device)
+    q = buf[:half].view(torch.bfloat16).view(tokens, heads, head_dim)
+    k = buf[half:].view(torch.bfloat16).view(tokens, heads, head_dim)
+    freqs = buf[half:].view(torch.complex64).view(tokens, head_dim // 2)
+    cos2, sin2 = cos_sin_views(freqs)
+    assert fused._PLANS.key(q, k, cos2, sin2, True) in fused._PLANS
+    with pytest.raises(ValueError, match="shares memory"):
+        fused.fused_qk_rope(q, k, cos2, sin2, inplace=True)

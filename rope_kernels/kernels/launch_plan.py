@@ -81,10 +81,6 @@ def extent(x: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1) * x.element_size()
 
 
-def _apart(a0: int, a_len: int, b0: int, b_len: int) -> bool:
-    return a0 + a_len <= b0 or b0 + b_len <= a0
-
-
 class LaunchPlan:
     """One checked layout: its launch (None where there is nothing to launch), the byte
     extents of q, k, cos and sin, and the q-k address deltas already checked in place."""
@@ -147,10 +143,12 @@ class PlanCache:
         if inplace:
             q_len, k_len, c_len, s_len = plan.extents
             pq, pk, pc, ps = xq.data_ptr(), xk.data_ptr(), cos.data_ptr(), sin.data_ptr()
-            if not _apart(pq, q_len, pk, k_len) and (pk - pq) not in plan.qk_deltas:
+            q_end, k_end, c_end, s_end = pq + q_len, pk + k_len, pc + c_len, ps + s_len
+            # byte ranges apart (written inline: this runs on every planned call)
+            if not (q_end <= pk or k_end <= pq) and (pk - pq) not in plan.qk_deltas:
                 return None
-            if not (_apart(pq, q_len, pc, c_len) and _apart(pq, q_len, ps, s_len)
-                    and _apart(pk, k_len, pc, c_len) and _apart(pk, k_len, ps, s_len)):
+            if not ((q_end <= pc or c_end <= pq) and (q_end <= ps or s_end <= pq)
+                    and (k_end <= pc or c_end <= pk) and (k_end <= ps or s_end <= pk)):
                 return None
             q_out, k_out = xq, xk
         else:
