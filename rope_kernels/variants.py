@@ -32,7 +32,6 @@ import torch
 
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
-from rope_kernels.kernels.fused import planned_call
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.vocabulary import (  # noqa: F401
@@ -105,21 +104,20 @@ class Variant:
 
 
 def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
-    """The fused kernel reading cos/sin straight out of freqs_cis (no copy).
-
-    On a layout ``fused_qk_rope`` has checked before, the call goes its planned way, whose
-    key covers every check made here (cos's shape is freqs_cis's, its dtype fp32 only from
-    a complex64, its device). The views are made per call: a table of them would hold every
-    freqs_cis alive (a view keeps its base)."""
-    if type(freqs_cis) is torch.Tensor and freqs_cis.dtype is torch.complex64:
-        cos, sin = cos_sin_views(freqs_cis)
-        done = planned_call(xq, xk, cos, sin, inplace)
-        if done is not None:
-            return done
-    check_qk(xq, xk)
-    check_freqs_cis(freqs_cis, xq)
+    """The fused kernel reading cos/sin straight out of freqs_cis (no copy): ``fused_qk_rope``
+    on its real and imaginary views, whose checks (and planned path) cover freqs_cis's; a
+    refused call is re-checked here so that the error names freqs_cis where it is the cause.
+    The views are made per call: a table of them would hold every freqs_cis alive."""
+    if type(freqs_cis) is not torch.Tensor or freqs_cis.dtype is not torch.complex64:
+        check_qk(xq, xk)
+        check_freqs_cis(freqs_cis, xq)
     cos, sin = cos_sin_views(freqs_cis)
-    return fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
+    try:
+        return fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
+    except ValueError:
+        check_qk(xq, xk)
+        check_freqs_cis(freqs_cis, xq)
+        raise
 
 
 def fused_rope_inplace(xq, xk, freqs_cis):

@@ -39,8 +39,8 @@ and the reference is the fastest member's median (``bench.microbench``:
   H200 exploration, 2026-12-03: SGLang's kernel at 1024 x 2 x 72 ran 2.20 us, the
   fastest member then 2.26, ``pairs`` at eight other blocks and warps 2.26-2.9);
 - ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
-  launch, compiled with ``COPY``: its rotation replaced by a gate on cos/sin, every
-  load, store, mask and program the same. The fused kernel cannot beat this member
+  launch, compiled with ``_gate_row_pairs`` as its ``PAIR_FN`` (``launch_fused_rows_copy``):
+  its rotation replaced by a gate on cos/sin, every load, store, mask and program the same. The fused kernel cannot beat this member
   beyond noise by construction: the difference is exactly the rotation's arithmetic.
 
 Why not ``clone()``. A clone of a contiguous buffer is one ``cudaMemcpyAsync``,
@@ -51,7 +51,8 @@ fused kernel read "108-140% of a copy". An SM copy has no such cliff.
 The cos/sin reads. A copy would not need them, so the kernels compare them with
 ``never`` (a NaN passed at run time, equal to nothing) and would zero what
 depends on a match: the compiler cannot drop the loads, and the stored values are
-the loaded ones bit for bit. In ``row``, ``tokens`` and ``flat`` each token's
+the loaded ones bit for bit (the ``fused`` member, whose kernel takes no ``never``, gates
+on cos and sin not being NaN: equally undecidable at compile time). In ``row``, ``tokens`` and ``flat`` each token's
 cos/sin are read by one program only (the one holding the token's first column
 block, the token itself, or its first ``head_dim/2`` row elements); in ``heads``,
 ``pairs``, ``pair_scalars`` and ``fused`` by every program holding part of the token, as
@@ -73,9 +74,28 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
                                          check_writable_in_place)
-from rope_kernels.kernels.fused import (RowsConfig, launch_rows as _launch_fused_rows,
-                                        fused_launch_config, interleaved_cos_sin, row_chunks)
+from rope_kernels.kernels.fused import (RowsConfig, fused_launch_config, interleaved_cos_sin,
+                                        row_chunks, rows_launch, rows_launch_config)
 from rope_kernels.kernels.reference import cos_sin_views
+
+
+@triton.jit
+def _gate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
+    """The ``fused`` member's ``PAIR_FN``: x unchanged (bit for bit) where its pair's cos and
+    sin are numbers (always, for a real table), else 0. The stores depend on the cos/sin
+    loads as the rotation's do, so the compiler keeps them; no arithmetic on x."""
+    keep = (cos == cos) & (sin == sin)
+    return tl.where(tl.reshape(tl.join(keep, keep), (BLOCK_T, WIDTH)), x, 0.0)
+
+
+def launch_fused_rows_copy(xq, xk, q_out, k_out, cos, sin, config: RowsConfig, *,
+                           n_tokens: int | None = None) -> None:
+    """The ``fused`` member: the fused kernel's own launch (``fused.rows_launch``, any q/k
+    strides) with ``_gate_row_pairs`` for its rotation; ``n_tokens`` (tests): stop short."""
+    launch = rows_launch(xq, xk, q_out, k_out, cos, sin, config, pair_fn=_gate_row_pairs,
+                         n_tokens=n_tokens)
+    if launch is not None:
+        launch.launch(xq, xk, q_out, k_out, cos, sin)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "never"])
@@ -400,17 +420,13 @@ def same_bytes_copy_config(heads: int, head_dim: int, element_size: int) -> Copy
 
 
 def tokens_tiling(heads: int, head_dim: int, element_size: int, tile_bytes: int) -> CopyTiling:
-    """Whole tokens per program: the largest power of two whose q rows fit
-    ``tile_bytes`` (at least one); about one 16-byte vector per thread of the row's
-    first power-of-two chunk, 1 to 8 warps."""
+    """Whole tokens per program as the fused kernel tiles its rows (``rows_launch_config``
+    at ``tile_bytes``, the one place row tiling is decided): the largest power of two whose
+    q rows fit (at least one); about one 16-byte vector per thread of the row's first
+    power-of-two chunk, 1 to 8 warps."""
     _check_ints(heads=heads, head_dim=head_dim, element_size=element_size, tile_bytes=tile_bytes)
-    row = heads * head_dim
-    fit = max(1, tile_bytes // (row * element_size))
-    block_t = 1 << (fit.bit_length() - 1)
-    main, _ = row_chunks(heads, head_dim)
-    vectors = block_t * main * element_size // 16
-    warps = 1 << max(0, min(3, (max(1, vectors // 32)).bit_length() - 1))
-    return CopyTiling("tokens", block_t=block_t, num_warps=warps)
+    config = rows_launch_config(heads, head_dim, element_size, tile_bytes)
+    return CopyTiling("tokens", block_t=config.block_t, num_warps=config.num_warps)
 
 
 def fused_tiling(heads: int, head_dim: int, element_size: int) -> CopyTiling:
@@ -486,10 +502,12 @@ def launch_same_bytes_copy(xq, xk, q_out, k_out, cos, sin, *, tiling: CopyTiling
     tiling = same_bytes_copy_config(heads, head_dim, es) if tiling is None else tiling
     if not isinstance(tiling, CopyTiling):
         raise TypeError(f"tiling must be a CopyTiling, got {type(tiling).__name__}")
-    if tiling.layout == "fused":  # the fused kernel's own program, COPY mode (any q/k strides)
-        _launch_fused_rows(xq, xk, q_out, k_out, cos, sin,
-                           RowsConfig(tiling.block_t, tiling.num_warps), copy_never=never,
-                           n_tokens=n_tokens)
+    if tiling.layout == "fused":  # the fused kernel's own program (any q/k strides)
+        if not math.isnan(never):
+            raise ValueError("the fused member gates on NaN cos/sin (its kernel takes no "
+                             "never); test it with a NaN in the table instead")
+        launch_fused_rows_copy(xq, xk, q_out, k_out, cos, sin,
+                               RowsConfig(tiling.block_t, tiling.num_warps), n_tokens=n_tokens)
         return
     tensors = (xq, xk, q_out, k_out)
     row = heads * head_dim

@@ -13,24 +13,17 @@ q/k strides reach the kernel divided by ``VEC`` (the widest vector that divides 
 stride and base offset), which lets the compiler prove 16-byte alignment and emit
 vector loads even though a 72-element head is not a multiple of 16 elements.
 
-Why this layout: an exploration run on the H200, 2026-12-03 (tools/fused_explore.py;
-bf16, CUDA graphs, cold L2, Kimi's 21904 and 87616 tokens x 2, 4 and 16 heads x 72)
-timed it against the earlier default (a program per ``BLOCK_T`` tokens x ``BLOCK_H``
-heads reading a cos/sin table, now the "tiles" candidate in ``bench/fused_candidates.py``),
-one padded block per row and cache hints. Rows of 4 KB (two chunks, no hints) were the
-fastest launch or within 0.6% of it out of place, and within 1% in place, on every
-shape, and 1.05-1.14x faster than the tiles kernel (out of place and in place). The
-committed evidence is the launch-config sweep (``data/<device>/fused_configs.csv``,
-written by ``bench.microbench.sweep_fused_configs``), which times the default beside
-every candidate.
+Why this layout: it was the fastest (or within noise of it) of the layouts an H200
+exploration timed, out of place and in place, on every Kimi shape; the run and its figures
+are in docs/DECISIONS.md ("The fused RoPE kernel"). The committed evidence is the
+launch-config sweep (``data/<device>/fused_configs.csv``, written by
+``bench.microbench.sweep_fused_configs``), which times the default beside every candidate.
 
 All loads are issued before any store so they overlap in the memory system.
 ``n_tokens`` is not specialised: one compiled kernel serves every token count.
 The grid is one-dimensional (limit 2^31 - 1 programs) and token offsets are
 int64, so any T fits.
 """
-
-from __future__ import annotations
 
 from __future__ import annotations
 
@@ -48,6 +41,7 @@ from rope_kernels.kernels.checks import (
     check_writable_in_place,
     mark_written,
 )
+from rope_kernels.kernels.launch_plan import KernelLaunch, PlanCache, new_outputs
 
 
 @triton.jit
@@ -56,24 +50,6 @@ def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
     one cos/sin per pair (already gathered per head), in fp32."""
     x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, WIDTH // 2, 2)))
     return tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_T, WIDTH))
-
-
-@triton.jit
-def _gate_row_pairs(x, cos, sin, never, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
-    """COPY mode: x unchanged (bit for bit) where its pair's cos and sin differ from
-    ``never`` (a NaN at run time: always), else 0. The stores depend on the cos/sin
-    loads as the rotation's do, so the compiler keeps them; no arithmetic on x."""
-    keep = (cos != never) & (sin != never)
-    return tl.where(tl.reshape(tl.join(keep, keep), (BLOCK_T, WIDTH)), x, 0.0)
-
-
-@triton.jit
-def _finish_row(x, cos, sin, never, out_ty, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
-                COPY: tl.constexpr):
-    """What a chunk stores: its rotation, or in COPY mode the gated input."""
-    if COPY:
-        return _gate_row_pairs(x, cos, sin, never, BLOCK_T, WIDTH).to(out_ty)
-    return _rotate_row_pairs(x, cos, sin, BLOCK_T, WIDTH).to(out_ty)
 
 
 @triton.jit
@@ -108,14 +84,13 @@ def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
     return c, s
 
 
-@triton.jit(do_not_specialize=["n_tokens", "never"])
+@triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qk_rope_rows_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
     n_tokens,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h,  # in units of VEC elements
     qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,  # token strides in CS_VEC units
-    never,  # COPY mode only: a NaN at run time (no cos/sin value equals it)
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block)
     REST: tl.constexpr,  # power of two covering the rest of the row (0 when none)
@@ -123,14 +98,15 @@ def _fused_qk_rope_rows_kernel(
     CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
     HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
     INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
+    PAIR_FN: tl.constexpr,  # (x, cos, sin, BLOCK_T, WIDTH) -> what a chunk stores
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
     EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
-    COPY: tl.constexpr = False,  # store q and k unrotated: the same-bytes copy "fused" member
 ):
     """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head).
-    COPY: the same program with the rotation replaced by a gate on cos/sin (same loads,
-    same stores, no arithmetic): the limit this launch could reach."""
+    ``PAIR_FN`` is what a chunk's pairs become before the store: the rotation
+    (``_rotate_row_pairs``, what every launch here passes); ``bench/same_bytes_copy.py``
+    passes its gate instead (same loads, stores and programs, no arithmetic)."""
     ROW: tl.constexpr = HEADS * HEAD_DIM
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = (tokens < n_tokens)[:, None]
@@ -170,17 +146,17 @@ def _fused_qk_rope_rows_kernel(
 
     out_ty = q_out_ptr.dtype.element_ty
     tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(q, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             PAIR_FN(q, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(k, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             PAIR_FN(k, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     if REST > 0:
         tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(q2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 PAIR_FN(q2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
         tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(k2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 PAIR_FN(k2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
 
 
@@ -228,9 +204,8 @@ def qk_strides(xq, xk, q_out, k_out, vec):
 
 
 # Bytes of q (and as many of k) one program moves by default; rows_launch_config
-# rounds down to whole tokens (at least one). 4 KB: the fastest tile or within 0.6% of
-# it on every Kimi shape of the exploration run above (1, 2, 4 and 8 KB timed out of
-# place, 2 and 4 KB in place). The sweep times the same tiles
+# rounds down to whole tokens (at least one). Chosen from the tiles an H200 exploration
+# timed (docs/DECISIONS.md, "The fused RoPE kernel"); the sweep times the same tiles
 # (bench/fused_candidates.py's ROWS_TILE_BYTES_SWEPT).
 ROWS_TILE_BYTES = 4096
 ROWS_MAX_WARPS = 8
@@ -373,11 +348,11 @@ def fused_qk_rope(
     ``out=`` do not record autograd and refuse inputs that require grad.
 
     Host time: a call whose inputs match the layout of an earlier checked call
-    (``_LaunchPlan``) skips the checks that depend only on that layout and launches
-    with the arguments derived then (see ``planned_call``).
+    (``kernels.launch_plan``) skips the checks that depend only on that layout and
+    launches with the arguments ``rows_launch`` derived then.
     """
     if out is None and config is None:
-        done = planned_call(xq, xk, cos, sin, inplace)
+        done = _PLANS.call(xq, xk, cos, sin, inplace)
         if done is not None:
             return done
     check_qk(xq, xk)
@@ -411,178 +386,21 @@ def fused_qk_rope(
     elif needs_grad:
         return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
     else:
-        q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
-        k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
+        q_out, k_out = new_outputs(xq)
     if out is None and config is None and not needs_grad:
-        plan = _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace)
+        plan = _PLANS.remember(xq, xk, q_out, k_out, cos, sin, inplace,
+                               lambda: rows_launch(xq, xk, q_out, k_out, cos, sin, None))
         if plan is not None:
-            plan.launch(xq, xk, q_out, k_out, cos, sin)
+            if plan.launch is not None:
+                plan.launch.launch(xq, xk, q_out, k_out, cos, sin)
             return q_out, k_out
-    launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+    _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
     return q_out, k_out
 
 
-# -- the launch path for a layout seen before -------------------------------------------------
-# What a call's checks and launch settings depend on, besides the tensors' addresses: their
-# types, shapes, strides, dtypes and devices, the addresses modulo 16 (vector width), whether
-# sin sits one float after cos (the interleaved freqs_cis views), in place or not. A call whose
-# key was checked before needs only the checks that depend on addresses: in place, that q and
-# k do not overlap each other or cos/sin, by byte ranges (exact: ranges that intersect go the
-# full way). Measured on a shared CPU with the launch stubbed out (1024 x 16 x 72 bf16, the
-# encoder's call: Variant.packed, median of 3 x 2000 calls, 2026-12-04): 107 -> 38 us per call
-# out of place (two output allocations remain) and 169 -> 21 us in place, against 24 us for
-# vLLM's packed_qk_rope_ stubbed the same way. What the launch itself costs is measured on the
-# GPU: the microbench's host_us column.
-_PLANS: dict = {}
-_PLANS_MAX = 256  # layouts kept; past that the table starts again (a bound, never a miss of a check)
-_JIT_RUN = type(_fused_qk_rope_rows_kernel).run  # a patched run (launch counting) is honoured
-# The direct launch repeats what JITFunction.run does after its cache lookup in Triton 3.6
-# (runtime/jit.py: kernel.run(grid, stream, function, packed_metadata, launch_metadata,
-# hooks, *bound_args.values())); another Triton goes through its own run every call.
-_DIRECT_LAUNCH = triton.__version__.startswith("3.6.")
-
-
-class _LaunchPlan:
-    """One checked layout: the grid, every launch argument after the six tensors (in the
-    kernel's parameter order), the byte extents of q, k, cos and sin, the q-k address
-    deltas already checked in place, and (on a GPU) the compiled kernel to launch directly."""
-
-    __slots__ = ("grid", "tail", "constexprs", "num_warps", "extents", "qk_deltas", "compiled",
-                 "device")
-
-    def __init__(self, grid, tail, constexprs, num_warps, extents):
-        self.grid, self.tail, self.num_warps, self.extents = grid, tail, num_warps, extents
-        self.constexprs = constexprs  # by name, in the kernel's parameter order
-        self.qk_deltas: set[int] = set()
-        self.compiled = None
-        self.device = None
-
-    def launch(self, xq, xk, q_out, k_out, cos, sin) -> None:
-        if self.grid is None:
-            return
-        kernel = _fused_qk_rope_rows_kernel
-        compiled = self.compiled
-        if compiled is not None and _DIRECT_LAUNCH and type(kernel).run is _JIT_RUN:
-            from triton.runtime import driver
-            from triton import knobs
-
-            device = driver.active.get_current_device()
-            if device == self.device:
-                # what JITFunction.run does once it has found the compiled kernel (Triton 3.6):
-                # the arguments in parameter order, constexprs included, to its launcher
-                stream = driver.active.get_current_stream(device)
-                args = (xq, xk, q_out, k_out, cos, sin, *self.tail, *self.constexprs.values())
-                run = compiled.run
-                enter = knobs.runtime.launch_enter_hook
-                meta = compiled.launch_metadata(self.grid, stream, *args) if enter is not None else None
-                run(self.grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, meta,
-                    enter, knobs.runtime.launch_exit_hook, *args)
-                return
-        got = kernel[self.grid](xq, xk, q_out, k_out, cos, sin, *self.tail, **self.constexprs,
-                                num_warps=self.num_warps)
-        if xq.device.type == "cuda" and hasattr(got, "packed_metadata") and hasattr(got, "function"):
-            from triton.runtime import driver
-
-            self.compiled, self.device = got, driver.active.get_current_device()
-
-
-def _extent(x: torch.Tensor) -> int:
-    """Bytes from a view's first element to the end of its last."""
-    if x.numel() == 0:
-        return 0
-    return (sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1) * x.element_size()
-
-
-def _plan_key(xq, xk, cos, sin, inplace):
-    """The layout a plan is valid for, or None where only the full path may decide
-    (not plain tensors, meta tensors, autograd involved)."""
-    T = torch.Tensor
-    if not (type(xq) is T and type(xk) is T and type(cos) is T and type(sin) is T
-            and type(inplace) is bool):
-        return None
-    if torch.is_grad_enabled() and (xq.requires_grad or xk.requires_grad or cos.requires_grad
-                                    or sin.requires_grad):
-        return None
-    device = xq.device
-    if device.type == "meta":
-        return None
-    cp = cos.data_ptr()
-    return (xq.shape, xq.stride(), xk.shape, xk.stride(), xq.dtype, xk.dtype, device, xk.device,
-            cos.shape, cos.stride(), sin.shape, sin.stride(), cos.dtype, sin.dtype, cos.device,
-            sin.device, xq.data_ptr() % 16, xk.data_ptr() % 16, cp % 16, sin.data_ptr() - cp == 4,
-            inplace)
-
-
-def _apart(a0: int, a_len: int, b0: int, b_len: int) -> bool:
-    return a0 + a_len <= b0 or b0 + b_len <= a0
-
-
-def planned_call(xq, xk, cos, sin, inplace):
-    """The call on a checked layout (``_LaunchPlan``), or None: not seen before, or an
-    address-dependent check that the full path must make."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
-    plan = _PLANS.get(key) if key is not None else None
-    if plan is None:
-        return None
-    if inplace:
-        q_len, k_len, c_len, s_len = plan.extents
-        pq, pk, pc, ps = xq.data_ptr(), xk.data_ptr(), cos.data_ptr(), sin.data_ptr()
-        if not _apart(pq, q_len, pk, k_len) and (pk - pq) not in plan.qk_deltas:
-            return None
-        for p0, n0 in ((pq, q_len), (pk, k_len)):
-            if not (_apart(p0, n0, pc, c_len) and _apart(p0, n0, ps, s_len)):
-                return None
-        mark_written(xq, xk)
-        q_out, k_out = xq, xk
-    else:
-        q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
-        k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        if (q_out.data_ptr() | k_out.data_ptr()) % 16:
-            return None  # the plan's vector width assumed 16-byte aligned outputs
-    plan.launch(xq, xk, q_out, k_out, cos, sin)
-    return q_out, k_out
-
-
-def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
-    """After the full checks passed: the plan for this layout (made once), with this
-    call's q-k delta recorded as checked; None where no plan applies."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
-    if key is None or (not inplace and (q_out.data_ptr() | k_out.data_ptr()) % 16):
-        return None
-    plan = _PLANS.get(key)
-    if plan is None:
-        tokens, heads, head_dim = xq.shape
-        if tokens == 0 or heads == 0:
-            grid, tail, constexprs, warps = None, (), {}, 1
-        else:
-            check_triton_device(xq, "fused_qk_rope")
-            config = fused_launch_config(heads, head_dim, xq.element_size())
-            main, rest = row_chunks(heads, head_dim, config.padded)
-            check_block_fits(config, heads, head_dim, main)  # once per layout, as launch_rows does
-            vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-            adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-            cs_vec = cos_sin_vector(cos, sin)
-            grid = fused_grid(tokens, config)
-            tail = (tokens, *qk_strides(xq, xk, q_out, k_out, vec),
-                    cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-                    0.0)
-            # as launch_rows passes them (same names, same values): one compiled kernel for both
-            constexprs = dict(
-                HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
-                VEC=vec, CS_VEC=cs_vec, HEADS_ADJACENT=adjacent,
-                INTERLEAVED=interleaved_cos_sin(cos, sin), INVERSE=False,
-                EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-                COPY=False)
-            warps = config.num_warps
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = _LaunchPlan(grid, tail, constexprs, warps,
-                                         (_extent(xq), _extent(xk), _extent(cos), _extent(sin)))
-    if inplace:
-        if len(plan.qk_deltas) >= _PLANS_MAX:
-            plan.qk_deltas.clear()
-        plan.qk_deltas.add(xk.data_ptr() - xq.data_ptr())
-    return plan
+# Layouts checked before (kernels/launch_plan.py): a call on one skips the checks that depend
+# only on its layout and launches with the arguments ``rows_launch`` derived then.
+_PLANS = PlanCache()
 
 
 class _FusedQKRopeFunction(torch.autograd.Function):
@@ -595,7 +413,7 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         ctx.config = config
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+        _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
         return q_out, k_out
 
     @staticmethod
@@ -610,38 +428,46 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         dq, dk = grads
         gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
         gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
-        launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
+        _launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
         return gq, gk, None, None, None
 
 
-def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-            inverse: bool = False, copy_never: float | None = None,
-            n_tokens: int | None = None) -> None:
-    """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch).
-    ``copy_never`` (a float, NaN for a real copy): the COPY mode the same-bytes copy's
-    ``fused`` member launches; ``n_tokens`` (tests only): stop short of the tensors."""
+def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
+                inverse: bool = False, pair_fn=None,
+                n_tokens: int | None = None) -> KernelLaunch | None:
+    """The rows kernel's launch on checked tensors of this layout (None: nothing to launch):
+    the one derivation of its grid, scalars and constexprs, used by every launch (checked,
+    planned, backward, the same-bytes copy's ``fused`` member). ``pair_fn``: the kernel's
+    ``PAIR_FN`` (None: the rotation; ``bench.same_bytes_copy`` passes its gate); ``n_tokens``
+    (tests only): stop short of the tensors."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
-        return
-    n_tokens = tokens if n_tokens is None else n_tokens
+        return None
     if config is None:
         config = fused_launch_config(heads, head_dim, xq.element_size())
     main, rest = row_chunks(heads, head_dim, config.padded)
     check_block_fits(config, heads, head_dim, main)
     check_triton_device(xq, "fused_qk_rope")
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-    interleaved = interleaved_cos_sin(cos, sin)
     cs_vec = cos_sin_vector(cos, sin)
-    _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
-        xq, xk, q_out, k_out, cos, sin, n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
-        cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1),
-        0.0 if copy_never is None else float(copy_never),
+    scalars = (tokens if n_tokens is None else n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
+               cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1))
+    constexprs = dict(  # by name (KernelLaunch orders them as the kernel's parameters)
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
-        CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse,
-        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-        COPY=copy_never is not None, num_warps=config.num_warps,
-    )
+        CS_VEC=cs_vec,
+        HEADS_ADJACENT=heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out)),
+        INTERLEAVED=interleaved_cos_sin(cos, sin),
+        PAIR_FN=_rotate_row_pairs if pair_fn is None else pair_fn, INVERSE=inverse,
+        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier)
+    return KernelLaunch(_fused_qk_rope_rows_kernel, fused_grid(tokens, config), scalars,
+                        constexprs, config.num_warps)
+
+
+def _launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, **options) -> None:
+    """Derive (``rows_launch``) and launch once: a call whose layout is not planned."""
+    launch = rows_launch(xq, xk, q_out, k_out, cos, sin, config, **options)
+    if launch is not None:
+        launch.launch(xq, xk, q_out, k_out, cos, sin)
 
 
 def _check_out(out, xq: torch.Tensor, xk: torch.Tensor,
