@@ -184,12 +184,13 @@ def _submit(args) -> int:
 
 def _compile_matrix(args) -> int:
     from rope_kernels.bench.compile_matrix import (COMPILE_MATRIX_CSV, write_compile_matrix,
-                                                   write_cute_sm100_rows)
+                                                   write_extra_rows)
 
     try:
-        if args.only != "cute-sm100":
+        if args.only is None:
             write_compile_matrix(args.out or COMPILE_MATRIX_CSV)
-        write_cute_sm100_rows(args.out or COMPILE_MATRIX_CSV)
+        for which in ([args.only] if args.only else ["cute-sm100", "flydsl-gfx942"]):
+            write_extra_rows(args.out or COMPILE_MATRIX_CSV, which)
     except RuntimeError as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 1
@@ -420,11 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_submit)
 
     c = sub.add_parser("compile-matrix", help="compile every Triton kernel for gfx942, gfx90a, "
-                       "sm_90 and sm_100, and the CuTe DSL QKV kernel for sm_100a (no GPU "
-                       "needed); data/compile/compile_matrix.csv")
+                       "sm_90 and sm_100, the CuTe DSL QKV kernel for sm_100a and the FlyDSL "
+                       "one for gfx942 (no GPU needed); data/compile/compile_matrix.csv")
     c.add_argument("--out", type=Path, default=None, help="CSV path (default: data/compile/...)")
-    c.add_argument("--only", choices=["cute-sm100"], default=None,
-                   help="cute-sm100: only (re)compile the CuTe DSL sm_100a rows, keeping the others")
+    c.add_argument("--only", choices=["cute-sm100", "flydsl-gfx942"], default=None,
+                   help="only (re)compile the CuTe DSL sm_100a rows or the FlyDSL gfx942 row, "
+                   "keeping the others")
     c.set_defaults(func=_compile_matrix)
 
     t = sub.add_parser("targets", help="judge every target of the study on a device's result rows "

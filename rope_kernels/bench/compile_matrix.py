@@ -449,13 +449,50 @@ def cute_sm100_matrix(rows: dict[str, str] = CUTE_SM100_ROWS, log=print) -> pd.D
     return pd.DataFrame(out)
 
 
-def write_cute_sm100_rows(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
-    """Compile ``CUTE_SM100_ROWS`` and put their rows into ``csv_path`` in place of any
-    earlier ones (the Triton rows are kept as they are). Raises RuntimeError if one failed."""
+def flydsl_gfx942_matrix(log=print) -> pd.DataFrame:
+    """The row of our FlyDSL QKV + RoPE kernel (kernels/qkv_flydsl.py) compiled for gfx942 at
+    Kimi's shape in bf16, with what its ISA's metadata reports (beside the Triton ROCm rows)."""
+    from rope_kernels.kernels import qkv_flydsl
+    from rope_kernels.provenance import git_commit
+
+    heads, head_dim = 16, 72
+    ok, why = qkv_flydsl.availability()
+    if not ok:
+        raise RuntimeError(f"the gfx942 FlyDSL row cannot be compiled here: {why}")
+    row = {"kernel": FLYDSL_GFX942_ROW, "triton_kernel": "qkv_rope_kernel", "target": "gfx942",
+           "backend": "hip", "warp_size": 64, "gpus": "AMD MI300X / MI300A / MI325X",
+           "tokens": TOKENS, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
+           "num_warps": 4, "constexprs": json.dumps({"tile": [qkv_flydsl.TILE_N,
+                                                              qkv_flydsl.TILE_T,
+                                                              qkv_flydsl.TILE_K]}),
+           "compiler": f"flydsl {qkv_flydsl.flydsl_version()}",
+           "torch_version": torch.__version__, "git_commit": git_commit()}
+    try:
+        res = qkv_flydsl.compile_in_subprocess(heads, head_dim, TOKENS)
+        spilled = res["spilled_vgprs"] + res["spilled_sgprs"]
+        row.update({k: res[k] for k in ("registers", "sgprs", "scratch_bytes", "shared_bytes")},
+                   spilled_registers=spilled, spills=spilled > 0 or res["scratch_bytes"] > 0,
+                   binary="hsaco", compiled=True, error="")
+    except RuntimeError as exc:
+        row.update(compiled=False, error=" ".join(str(exc).split())[-400:])
+    log(f"{FLYDSL_GFX942_ROW:21s} {heads:2d}x{head_dim:<3d} bfloat16 gfx942  " + (
+        _resources(row) if row["compiled"] else f"FAILED {row['error'][-160:]}"))
+    return pd.DataFrame([row])
+
+
+FLYDSL_GFX942_ROW = "qkv_flydsl"
+EXTRA_ROWS = {"cute-sm100": cute_sm100_matrix, "flydsl-gfx942": flydsl_gfx942_matrix}
+
+
+def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
+                          which: str = "cute-sm100") -> pd.DataFrame:
+    """Compile the rows of ``EXTRA_ROWS[which]`` (kernels compiled by CuTe DSL or FlyDSL, not
+    Triton) and put them into ``csv_path`` in place of any earlier ones (the other rows are
+    kept as they are). Raises RuntimeError if one failed."""
     from rope_kernels.atomic_io import write_atomic
 
     csv_path = Path(csv_path)
-    new = cute_sm100_matrix()
+    new = EXTRA_ROWS[which]()
     old = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame()
     if len(old):
         old = old[~old["kernel"].isin(new["kernel"])]
@@ -463,7 +500,7 @@ def write_cute_sm100_rows(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
     write_atomic(csv_path, table.to_csv(index=False))
     failed = new[~new["compiled"]]
     if len(failed):
-        raise RuntimeError(f"{len(failed)} sm_100a CuTe DSL compile(s) failed:\n"
+        raise RuntimeError(f"{len(failed)} {which} compile(s) failed:\n"
                            + failed[["kernel", "error"]].to_string(index=False))
     return table
 
@@ -502,7 +539,8 @@ def readme_block(table: pd.DataFrame) -> str:
         return (f"The compile matrix holds {len(failed)} failed compile(s) of {len(table)}: "
                 + ", ".join(sorted(set(failed["kernel"] + " on " + failed["target"]))) + ".\n")
     cute = table[table["kernel"].isin(CUTE_SM100_ROWS)]
-    table = table[~table["kernel"].isin(CUTE_SM100_ROWS)]  # the Triton rows
+    fly = table[table["kernel"] == FLYDSL_GFX942_ROW]
+    table = table[~table["kernel"].isin([*CUTE_SM100_ROWS, FLYDSL_GFX942_ROW])]  # Triton's
     amd = table[table["backend"] == "hip"]
     nv = table[table["backend"] == "cuda"]
     commits = ", ".join(f"`{c}`" for c in sorted(table["git_commit"].astype(str).unique()))
@@ -542,6 +580,12 @@ def readme_block(table: pd.DataFrame) -> str:
                          f"`qkv_gemm_tma` rows) {int(r['registers'])} registers, "
                          f"{'spills' if bool(r['spills']) else 'no spills'}, "
                          f"{_bytes(r['shared_bytes'])} of shared memory{tail}.")
+    for r in fly.to_dict("records"):
+        lines.append(f"- AMD gfx942 (MI300X), {r['compiler']} (commit `{r['git_commit']}`): our "
+                     f"FlyDSL QKV GEMM with the same RoPE epilogue (MFMA, the pairs in one lane's "
+                     f"registers) {int(r['registers'])} VGPRs, "
+                     f"{'spills' if bool(r['spills']) else 'no spills'}, "
+                     f"{_bytes(r['shared_bytes'])} of LDS; compiled, never run.")
     for name, what in (("qkv_cute_sm100", "our CuTe DSL QKV kernel with its RoPE epilogue"),
                        ("qkv_cute_sm100_norot", "the same kernel with the rotation compiled out")):
         rows = cute[cute["kernel"] == name]
