@@ -189,8 +189,8 @@ def _compile_matrix(args) -> int:
     try:
         if args.only is None:
             write_compile_matrix(args.out or COMPILE_MATRIX_CSV)
-        for which in ([args.only] if args.only else ["cute-sm100", "flydsl-gfx942"]):
-            write_extra_rows(args.out or COMPILE_MATRIX_CSV, which)
+        write_extra_rows(args.out or COMPILE_MATRIX_CSV,
+                         args.only.split(",") if args.only else ["cute-sm100", "flydsl-gfx942"])
     except RuntimeError as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 1
@@ -424,9 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "sm_90 and sm_100, the CuTe DSL QKV kernel for sm_100a and the FlyDSL "
                        "one for gfx942 (no GPU needed); data/compile/compile_matrix.csv")
     c.add_argument("--out", type=Path, default=None, help="CSV path (default: data/compile/...)")
-    c.add_argument("--only", choices=["cute-sm100", "flydsl-gfx942"], default=None,
-                   help="only (re)compile the CuTe DSL sm_100a rows or the FlyDSL gfx942 row, "
-                   "keeping the others")
+    c.add_argument("--only", default=None, metavar="cute-sm100,flydsl-gfx942",
+                   help="only (re)compile these rows (the CuTe DSL sm_100a ones, the FlyDSL "
+                   "gfx942 one, or both), keeping the others")
     c.set_defaults(func=_compile_matrix)
 
     t = sub.add_parser("targets", help="judge every target of the study on a device's result rows "

@@ -485,22 +485,30 @@ EXTRA_ROWS = {"cute-sm100": cute_sm100_matrix, "flydsl-gfx942": flydsl_gfx942_ma
 
 
 def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
-                          which: str = "cute-sm100") -> pd.DataFrame:
-    """Compile the rows of ``EXTRA_ROWS[which]`` (kernels compiled by CuTe DSL or FlyDSL, not
-    Triton) and put them into ``csv_path`` in place of any earlier ones (the other rows are
-    kept as they are). Raises RuntimeError if one failed."""
+                     which: Sequence[str] = tuple(EXTRA_ROWS)) -> pd.DataFrame:
+    """Compile the rows of ``EXTRA_ROWS[w]`` for each ``w`` in ``which`` (kernels compiled by
+    CuTe DSL or FlyDSL, not Triton), all before writing (so every row names the same commit),
+    and put them into ``csv_path`` in place of any earlier ones, the other rows kept as they
+    are. Raises RuntimeError if one failed."""
     from rope_kernels.atomic_io import write_atomic
 
+    unknown = sorted(set(which) - set(EXTRA_ROWS))
+    if unknown or not which:
+        raise ValueError(f"which must be some of {list(EXTRA_ROWS)}, got {list(which)}")
     csv_path = Path(csv_path)
-    new = EXTRA_ROWS[which]()
+    new = pd.concat([EXTRA_ROWS[w]() for w in which], ignore_index=True)
     old = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame()
     if len(old):
         old = old[~old["kernel"].isin(new["kernel"])]
     table = pd.concat([old, new], ignore_index=True) if len(old) else new
+    # counts stay integers where a row lacks one (a FlyDSL row has no binary size)
+    for col in ("binary_bytes", "tmem_columns", "registers", "shared_bytes", "num_warps"):
+        if col in table:
+            table[col] = pd.to_numeric(table[col]).astype("Int64")
     write_atomic(csv_path, table.to_csv(index=False))
     failed = new[~new["compiled"]]
     if len(failed):
-        raise RuntimeError(f"{len(failed)} {which} compile(s) failed:\n"
+        raise RuntimeError(f"{len(failed)} compile(s) of {', '.join(which)} failed:\n"
                            + failed[["kernel", "error"]].to_string(index=False))
     return table
 
