@@ -43,3 +43,32 @@ def test_availability_says_what_is_missing(monkeypatch):
     monkeypatch.setattr(qkv_flydsl, "LLD_CANDIDATES", ("/nonexistent/ld.lld",))
     ok, why = qkv_flydsl.availability()
     assert not ok and "ld.lld" in why and "/nonexistent/ld.lld" in why
+
+
+def test_compile_matrix_keeps_the_other_compilers_rows(tmp_path, monkeypatch, capsys):
+    """`compile-matrix --only triton` rewrites Triton's rows and keeps the CuTe DSL and FlyDSL
+    ones as they were; without FlyDSL, `--only flydsl-gfx942` fails before rewriting anything
+    (both failed before: the Triton matrix replaced the file, the extra rows were lost)."""
+    import pandas as pd
+
+    from rope_kernels.__main__ import main
+    from rope_kernels.bench import compile_matrix as C
+
+    csv = tmp_path / "compile_matrix.csv"
+    committed = C.COMPILE_MATRIX_CSV.read_text()
+    csv.write_text(committed)
+    full = pd.read_csv(csv)
+    assert full["kernel"].isin(C.EXTRA_KERNELS).sum() == 3
+
+    def triton_only(path):  # what write_compile_matrix writes: Triton's rows alone
+        full[~full["kernel"].isin(C.EXTRA_KERNELS)].to_csv(path, index=False)
+
+    monkeypatch.setattr(C, "write_compile_matrix", triton_only)
+    assert main(["compile-matrix", "--only", "triton", "--out", str(csv)]) == 0
+    assert csv.read_text() == committed
+
+    monkeypatch.setattr(qkv_flydsl, "available", lambda: False)
+    assert main(["compile-matrix", "--only", "flydsl-gfx942", "--out", str(csv)]) == 1
+    assert "flydsl==0.4.2 is not installed" in capsys.readouterr().err
+    assert csv.read_text() == committed
+    assert main(["compile-matrix", "--only", "bogus", "--out", str(csv)]) == 2

@@ -484,19 +484,15 @@ FLYDSL_GFX942_ROW = "qkv_flydsl"
 EXTRA_ROWS = {"cute-sm100": cute_sm100_matrix, "flydsl-gfx942": flydsl_gfx942_matrix}
 
 
-def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
-                     which: Sequence[str] = tuple(EXTRA_ROWS)) -> pd.DataFrame:
-    """Compile the rows of ``EXTRA_ROWS[w]`` for each ``w`` in ``which`` (kernels compiled by
-    CuTe DSL or FlyDSL, not Triton), all before writing (so every row names the same commit),
-    and put them into ``csv_path`` in place of any earlier ones, the other rows kept as they
-    are. Raises RuntimeError if one failed."""
+EXTRA_KERNELS = (*CUTE_SM100_ROWS, FLYDSL_GFX942_ROW)
+
+
+def merge_rows(csv_path: Path, new: pd.DataFrame) -> pd.DataFrame:
+    """Write ``new`` into ``csv_path`` in place of the rows of the same kernels, keeping the
+    others; returns the table written."""
     from rope_kernels.atomic_io import write_atomic
 
-    unknown = sorted(set(which) - set(EXTRA_ROWS))
-    if unknown or not which:
-        raise ValueError(f"which must be some of {list(EXTRA_ROWS)}, got {list(which)}")
     csv_path = Path(csv_path)
-    new = pd.concat([EXTRA_ROWS[w]() for w in which], ignore_index=True)
     old = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame()
     if len(old):
         old = old[~old["kernel"].isin(new["kernel"])]
@@ -506,6 +502,20 @@ def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
         if col in table:
             table[col] = pd.to_numeric(table[col]).astype("Int64")
     write_atomic(csv_path, table.to_csv(index=False))
+    return table
+
+
+def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
+                     which: Sequence[str] = tuple(EXTRA_ROWS)) -> pd.DataFrame:
+    """Compile the rows of ``EXTRA_ROWS[w]`` for each ``w`` in ``which`` (kernels compiled by
+    CuTe DSL or FlyDSL, not Triton), all before writing (so every row names the same commit),
+    and put them into ``csv_path`` in place of any earlier ones, the other rows kept as they
+    are. Raises RuntimeError if one failed."""
+    unknown = sorted(set(which) - set(EXTRA_ROWS))
+    if unknown or not which:
+        raise ValueError(f"which must be some of {list(EXTRA_ROWS)}, got {list(which)}")
+    new = pd.concat([EXTRA_ROWS[w]() for w in which], ignore_index=True)
+    table = merge_rows(csv_path, new)
     failed = new[~new["compiled"]]
     if len(failed):
         raise RuntimeError(f"{len(failed)} compile(s) of {', '.join(which)} failed:\n"
