@@ -183,10 +183,37 @@ def _submit(args) -> int:
 
 
 def _compile_matrix(args) -> int:
-    from rope_kernels.bench.compile_matrix import COMPILE_MATRIX_CSV, write_compile_matrix
+    import pandas as pd
 
+    from rope_kernels.bench.compile_matrix import (COMPILE_MATRIX_CSV, EXTRA_KERNELS,
+                                                   EXTRA_ROWS, merge_rows, write_compile_matrix,
+                                                   write_extra_rows)
+    from rope_kernels.kernels import qkv_cute, qkv_flydsl
+
+    path = args.out or COMPILE_MATRIX_CSV
+    which = args.only.split(",") if args.only else ["triton", *EXTRA_ROWS]
+    if not which or set(which) - {"triton", *EXTRA_ROWS}:
+        print(f"rope-study: error: --only takes some of triton,{','.join(EXTRA_ROWS)}, "
+              f"got {args.only!r}", file=sys.stderr)
+        return 2
+    missing = [why for w, (ok, why) in (
+        ("cute-sm100", (qkv_cute.available(), "nvidia-cutlass-dsl is not installed")),
+        ("flydsl-gfx942", qkv_flydsl.availability())) if w in which and not ok]
+    if missing:  # before anything is rewritten
+        print(f"rope-study: error: {'; '.join(missing)} (--only triton recompiles the Triton "
+              f"rows alone, keeping the others)", file=sys.stderr)
+        return 1
     try:
-        write_compile_matrix(args.out or COMPILE_MATRIX_CSV)
+        if "triton" in which:
+            # the Triton matrix replaces the file: the other compilers' rows are kept
+            old = pd.read_csv(path) if Path(path).is_file() else pd.DataFrame()
+            kept = old[old["kernel"].isin(EXTRA_KERNELS)] if len(old) else old
+            write_compile_matrix(path)
+            if len(kept):
+                merge_rows(path, kept)
+        extras = [w for w in which if w != "triton"]
+        if extras:
+            write_extra_rows(path, extras)
     except RuntimeError as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 1
@@ -424,8 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_submit)
 
     c = sub.add_parser("compile-matrix", help="compile every Triton kernel for gfx942, gfx90a, "
-                       "sm_90 and sm_100 (no GPU needed); data/compile/compile_matrix.csv")
+                       "sm_90 and sm_100, the CuTe DSL QKV kernel for sm_100a and the FlyDSL "
+                       "one for gfx942 (no GPU needed); data/compile/compile_matrix.csv")
     c.add_argument("--out", type=Path, default=None, help="CSV path (default: data/compile/...)")
+    c.add_argument("--only", default=None, metavar="triton,cute-sm100,flydsl-gfx942",
+                   help="only (re)compile these rows (Triton's, the CuTe DSL sm_100a ones, the "
+                   "FlyDSL gfx942 one), keeping the others")
     c.set_defaults(func=_compile_matrix)
 
     t = sub.add_parser("targets", help="judge every target of the study on a device's result rows "

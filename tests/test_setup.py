@@ -17,7 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CONDA_TO_PIP = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
 NOT_A_PACKAGE = {"python", "pip"}
-PIP_ONLY_EXTRAS = {"gpu"}  # an NVIDIA node's peers: pip wheels, not in the conda environment
+PIP_ONLY_EXTRAS = {"gpu", "rocm-compile"}  # pip wheels, not in the conda environment: an
+# NVIDIA node's peers; FlyDSL, whose compile also needs a system ld.lld (qkv_flydsl.py)
 CONSTRAINT_FILES = ("constraints.txt", "constraints-cpu.txt", "constraints-gpu.txt")
 INDEX = "https://pypi.org/simple/"
 

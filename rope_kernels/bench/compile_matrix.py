@@ -410,6 +410,119 @@ def compile_matrix_table(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
     return wide[[t for t in order if t in wide.columns]]
 
 
+# Our CuTe DSL QKV kernel for Blackwell (kernels/qkv_cute_sm100.py), compiled by CuTe DSL
+# (not Triton) for sm_100a: kernel name -> CuteQKVConfig label (+ "/norot": rotation
+# compiled out), at Kimi's shape (16 heads x 72, hidden 1152) in bf16.
+CUTE_SM100_ROWS = {"qkv_cute_sm100": "192x1", "qkv_cute_sm100_norot": "192x1/norot"}
+
+
+def cute_sm100_matrix(rows: dict[str, str] = CUTE_SM100_ROWS, log=print) -> pd.DataFrame:
+    """One row per entry of ``rows``: the sm_100a kernel compiled in a process targeting
+    sm_100a, with what its cubin asks for (registers, scratch, shared memory, tensor-memory
+    columns). A failed compile is a row with ``compiled`` False, as in ``compile_matrix``."""
+    from rope_kernels.kernels import qkv_cute, qkv_cute_sm100
+    from rope_kernels.provenance import git_commit
+
+    heads, head_dim = 16, 72
+    if not qkv_cute.available():
+        raise RuntimeError("the sm_100a rows need nvidia-cutlass-dsl (CuTe DSL) installed")
+    results = qkv_cute_sm100.compile_in_subprocess(list(rows.values()), heads, head_dim, TOKENS)
+    out = []
+    for (name, label), res in zip(rows.items(), results):
+        row = {"kernel": name, "triton_kernel": "KimiQKVRopeSm100", "target": "sm_100a",
+               "backend": "cuda", "warp_size": 32, "gpus": "NVIDIA B200 / GB200",
+               "tokens": TOKENS, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
+               "constexprs": json.dumps({"config": label}), "compiler":
+               f"nvidia-cutlass-dsl {qkv_cute.cutlass_dsl_version()}",
+               "torch_version": torch.__version__, "git_commit": git_commit()}
+        if res["error"]:
+            row.update(compiled=False, error=res["error"])
+        else:
+            row.update({k: res[k] for k in ("registers", "scratch_bytes", "shared_bytes",
+                                            "num_warps", "binary_bytes", "tmem_columns")},
+                       binary="cubin", spills=res["scratch_bytes"] > 0, compiled=True,
+                       error="")
+        out.append(row)
+        log(f"{name:21s} {heads:2d}x{head_dim:<3d} bfloat16 sm_100a " + (
+            f"{_resources(row)}, {row['tmem_columns']} TMEM columns" if row["compiled"]
+            else f"FAILED {row['error'][-160:]}"))
+    return pd.DataFrame(out)
+
+
+def flydsl_gfx942_matrix(log=print) -> pd.DataFrame:
+    """The row of our FlyDSL QKV + RoPE kernel (kernels/qkv_flydsl.py) compiled for gfx942 at
+    Kimi's shape in bf16, with what its ISA's metadata reports (beside the Triton ROCm rows)."""
+    from rope_kernels.kernels import qkv_flydsl
+    from rope_kernels.provenance import git_commit
+
+    heads, head_dim = 16, 72
+    ok, why = qkv_flydsl.availability()
+    if not ok:
+        raise RuntimeError(f"the gfx942 FlyDSL row cannot be compiled here: {why}")
+    row = {"kernel": FLYDSL_GFX942_ROW, "triton_kernel": "qkv_rope_kernel", "target": "gfx942",
+           "backend": "hip", "warp_size": 64, "gpus": "AMD MI300X / MI300A / MI325X",
+           "tokens": TOKENS, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
+           "num_warps": 4, "constexprs": json.dumps({"tile": [qkv_flydsl.TILE_N,
+                                                              qkv_flydsl.TILE_T,
+                                                              qkv_flydsl.TILE_K]}),
+           "compiler": f"flydsl {qkv_flydsl.flydsl_version()}",
+           "torch_version": torch.__version__, "git_commit": git_commit()}
+    try:
+        res = qkv_flydsl.compile_in_subprocess(heads, head_dim, TOKENS)
+        spilled = res["spilled_vgprs"] + res["spilled_sgprs"]
+        row.update({k: res[k] for k in ("registers", "sgprs", "scratch_bytes", "shared_bytes")},
+                   spilled_registers=spilled, spills=spilled > 0 or res["scratch_bytes"] > 0,
+                   binary="hsaco", compiled=True, error="")
+    except RuntimeError as exc:
+        row.update(compiled=False, error=" ".join(str(exc).split())[-400:])
+    log(f"{FLYDSL_GFX942_ROW:21s} {heads:2d}x{head_dim:<3d} bfloat16 gfx942  " + (
+        _resources(row) if row["compiled"] else f"FAILED {row['error'][-160:]}"))
+    return pd.DataFrame([row])
+
+
+FLYDSL_GFX942_ROW = "qkv_flydsl"
+EXTRA_ROWS = {"cute-sm100": cute_sm100_matrix, "flydsl-gfx942": flydsl_gfx942_matrix}
+
+
+EXTRA_KERNELS = (*CUTE_SM100_ROWS, FLYDSL_GFX942_ROW)
+
+
+def merge_rows(csv_path: Path, new: pd.DataFrame) -> pd.DataFrame:
+    """Write ``new`` into ``csv_path`` in place of the rows of the same kernels, keeping the
+    others; returns the table written."""
+    from rope_kernels.atomic_io import write_atomic
+
+    csv_path = Path(csv_path)
+    old = pd.read_csv(csv_path) if csv_path.is_file() else pd.DataFrame()
+    if len(old):
+        old = old[~old["kernel"].isin(new["kernel"])]
+    table = pd.concat([old, new], ignore_index=True) if len(old) else new
+    # counts stay integers where a row lacks one (a FlyDSL row has no binary size)
+    for col in ("binary_bytes", "tmem_columns", "registers", "shared_bytes", "num_warps"):
+        if col in table:
+            table[col] = pd.to_numeric(table[col]).astype("Int64")
+    write_atomic(csv_path, table.to_csv(index=False))
+    return table
+
+
+def write_extra_rows(csv_path: Path = COMPILE_MATRIX_CSV,
+                     which: Sequence[str] = tuple(EXTRA_ROWS)) -> pd.DataFrame:
+    """Compile the rows of ``EXTRA_ROWS[w]`` for each ``w`` in ``which`` (kernels compiled by
+    CuTe DSL or FlyDSL, not Triton), all before writing (so every row names the same commit),
+    and put them into ``csv_path`` in place of any earlier ones, the other rows kept as they
+    are. Raises RuntimeError if one failed."""
+    unknown = sorted(set(which) - set(EXTRA_ROWS))
+    if unknown or not which:
+        raise ValueError(f"which must be some of {list(EXTRA_ROWS)}, got {list(which)}")
+    new = pd.concat([EXTRA_ROWS[w]() for w in which], ignore_index=True)
+    table = merge_rows(csv_path, new)
+    failed = new[~new["compiled"]]
+    if len(failed):
+        raise RuntimeError(f"{len(failed)} compile(s) of {', '.join(which)} failed:\n"
+                           + failed[["kernel", "error"]].to_string(index=False))
+    return table
+
+
 README_BEGIN = ("<!-- compile:begin (generated by `python -m rope_kernels findings --write` from "
                 "data/compile/compile_matrix.csv; edit rope_kernels/bench/compile_matrix.py) -->")
 README_END = "<!-- compile:end -->"
@@ -443,6 +556,9 @@ def readme_block(table: pd.DataFrame) -> str:
         failed = table[~table["compiled"]]
         return (f"The compile matrix holds {len(failed)} failed compile(s) of {len(table)}: "
                 + ", ".join(sorted(set(failed["kernel"] + " on " + failed["target"]))) + ".\n")
+    cute = table[table["kernel"].isin(CUTE_SM100_ROWS)]
+    fly = table[table["kernel"] == FLYDSL_GFX942_ROW]
+    table = table[~table["kernel"].isin([*CUTE_SM100_ROWS, FLYDSL_GFX942_ROW])]  # Triton's
     amd = table[table["backend"] == "hip"]
     nv = table[table["backend"] == "cuda"]
     commits = ", ".join(f"`{c}`" for c in sorted(table["git_commit"].astype(str).unique()))
@@ -482,6 +598,24 @@ def readme_block(table: pd.DataFrame) -> str:
                          f"`qkv_gemm_tma` rows) {int(r['registers'])} registers, "
                          f"{'spills' if bool(r['spills']) else 'no spills'}, "
                          f"{_bytes(r['shared_bytes'])} of shared memory{tail}.")
+    for r in fly.to_dict("records"):
+        lines.append(f"- AMD gfx942 (MI300X), {r['compiler']} (commit `{r['git_commit']}`): our "
+                     f"FlyDSL QKV GEMM with the same RoPE epilogue (MFMA, the pairs in one lane's "
+                     f"registers) {int(r['registers'])} VGPRs, "
+                     f"{'spills' if bool(r['spills']) else 'no spills'}, "
+                     f"{_bytes(r['shared_bytes'])} of LDS; compiled, never run.")
+    for name, what in (("qkv_cute_sm100", "our CuTe DSL QKV kernel with its RoPE epilogue"),
+                       ("qkv_cute_sm100_norot", "the same kernel with the rotation compiled out")):
+        rows = cute[cute["kernel"] == name]
+        if len(rows):
+            r = rows.iloc[0]
+            config = json.loads(r["constexprs"])["config"]
+            lines.append(f"- NVIDIA sm_100a (B200), {r['compiler']} (commit `{r['git_commit']}`): "
+                         f"{what} (UMMA, the accumulator in tensor memory; config {config}) "
+                         f"{int(r['registers'])} registers, "
+                         f"{'spills' if bool(r['spills']) else 'no spills'}, "
+                         f"{_bytes(r['shared_bytes'])} of shared memory, "
+                         f"{int(r['tmem_columns'])} tensor-memory columns; compiled, never run.")
     return "\n".join(lines) + "\n"
 
 
