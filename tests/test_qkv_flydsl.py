@@ -2,11 +2,17 @@
 gfx942 on this GPU-less machine (FlyDSL's compile-only mode, in a process of its own). No AMD
 GPU has run it: these tests prove that it compiles and what the ISA holds, not its numbers."""
 
+import os
+
 import pytest
 
 from rope_kernels.kernels import qkv_flydsl
 
 _ok, _why = qkv_flydsl.availability()
+# .ci/run installs FlyDSL and Debian's lld-19 and sets ROPE_REQUIRE_FLYDSL: there a missing
+# toolchain is a failure, not a skip
+if not _ok and os.environ.get("ROPE_REQUIRE_FLYDSL") == "1":
+    raise RuntimeError(f"ROPE_REQUIRE_FLYDSL=1 but FlyDSL cannot compile here: {_why}")
 needs_flydsl = pytest.mark.skipif(not _ok, reason=_why or "FlyDSL available")
 
 
