@@ -365,7 +365,8 @@ ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_pre
                                                 "hand_prefill_ms", "hand_prefill_slow_ms"]].round(3).reset_index(drop=True)
 
 # %% [markdown]
-# TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
+# TTFT against images per request, a line per RoPE choice that matters (the table under each
+# plot has every variant), a panel per encoder policy; the
 # public anchors (`data/reference/ttft_anchors.csv`) are other models, GPUs and loads: context,
 # not like for like (their setups are in the table below the plot).
 
@@ -378,6 +379,7 @@ for r in resolutions:
         plots.ttft_vs_images(ttft, resolution=r, variants=variants,
                              anchors=anchors if r == "1024x1024" else None)
         plt.show()
+        display(plots.ttft_table(ttft, resolution=r).rename_axis(index=f"TTFT [ms], {r}"))
 anchors[["source", "hardware", "model", "setup", "metric", "before", "after", "unit"]]
 
 # %% [markdown]
