@@ -76,7 +76,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.plots import with_units
 
 import matplotlib.pyplot as plt
@@ -91,6 +91,7 @@ from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
 from rope_kernels.study import plots
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("04_ttft", globals(), kind)  # the runner's rules and messages, for plain papermill too
 cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
 if layers:
     cfg = cfg.with_layers(layers)

@@ -63,13 +63,14 @@ import pandas as pd
 
 from rope_kernels.study import plots
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import QKV_GEMM_CSV
 from rope_kernels.study.targets import evaluate, summarize, targets_for
 from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("05_qkv_gemm", globals(), kind)  # the runner's rules and messages, for plain papermill too
 
 # %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT

@@ -69,6 +69,24 @@ def notebook_setup(device: str = "auto"):
     return resolve_device(device)
 
 
+PAPERMILL_ORIGIN = "notebook parameters"
+
+
+def check_parameters(notebook: str, values, kind: str | None = None) -> None:
+    """Judge a notebook's parameters (its ``globals()`` after papermill's injected cell) by
+    the runner's rules (``parameters.resolve_parameters``, ``specs.SPECS``): plain papermill
+    refuses a bad value with the message ``run -p`` gives (after the origin, here
+    ``PAPERMILL_ORIGIN``) instead of a deep traceback. ``kind``: the device kind
+    (``notebook_setup``), None for notebooks without one. Every notebook's first code cell
+    calls it; the runner-set parameters (``by_runner``) are not judged here."""
+    from rope_kernels.study.parameters import resolve_parameters
+    from rope_kernels.study.specs import SPECS
+
+    spec = SPECS[notebook]
+    given = {name: values[name] for name, p in spec.parameters.items() if name in values and not p.by_runner}
+    resolve_parameters([notebook], SPECS, [(PAPERMILL_ORIGIN, {notebook: given})], [], kind)
+
+
 def show_source(obj) -> None:
     """Render a library object's source in the notebook (one source of truth)."""
     from IPython.display import Markdown, display
