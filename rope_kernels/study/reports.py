@@ -456,6 +456,7 @@ def _device_details(summary: pd.DataFrame) -> str:
 _COLUMNS = {
     "device": "device folder",
     "device_name": "device",
+    "timed_on": "timed on",
     "microbench_commit": "kernel runs' commit",
     "kimi_tokens": "tokens (16x72)",
     "fused_speedup_vs_native": "speedup of fused over native (native time / fused time, 16x72, cold)",
