@@ -41,7 +41,7 @@ endif
 .PHONY: study test test-newest test-gpu notebooks lab clean-venv
 
 $(STAMP): pyproject.toml constraints.txt $(CONSTRAINTS)
-	@echo "Installing the study's environment ($(STACK)) into $(VENV) (once; about 90 s with a CPU torch) ..."
+	@echo "Installing the study's environment ($(STACK)) into $(VENV) (once; 2-4 min measured, README Quick start) ..."
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)")
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"

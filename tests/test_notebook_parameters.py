@@ -45,13 +45,14 @@ def test_papermill_gets_the_runners_message(stem, name, value, override):
     assert str(exc.value) == f"{PAPERMILL_ORIGIN}: {_runner_message(stem, override)}"
 
 
-def test_the_defaults_pass():
-    namespace = {}
-    cells = _cells("06_summary")
-    exec(compile(cells[0], "06[parameters]", "exec"), namespace)
+@pytest.mark.parametrize("stem", NOTEBOOKS)
+def test_the_defaults_pass(stem):
+    """nbval runs every notebook with its defaults on a CPU: they must pass the check."""
     from rope_kernels.study.notebooks import check_parameters
 
-    check_parameters("06_summary", namespace)  # no error
+    namespace = {}
+    exec(compile(_cells(stem)[0], f"{stem}[parameters]", "exec"), namespace)
+    check_parameters(stem, namespace, None if stem == "06_summary" else "cpu")  # no error
 
 
 def test_only_the_selected_notebooks_values_are_judged():
