@@ -154,7 +154,8 @@ if kind != "cpu":
     for name, grp in roof.groupby("variant"):
         ax.plot(grp.tokens, grp.tflops, marker="o", label=name, color=plots.variant_color(name))
     ax.axhline(peak, color="k", ls="--", label=f"compute roof: cuBLAS 8192^3, {peak:.0f} TFLOP/s")
-    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel(f"TFLOP/s (2 x T x {qkv.hidden.iloc[0]} x {3 * qkv.heads.iloc[0] * qkv.head_dim.iloc[0]} / time)")
+    gemm = f"{qkv.hidden.iloc[0]} x {3 * qkv.heads.iloc[0] * qkv.head_dim.iloc[0]}"  # K x N, from the rows
+    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel(f"TFLOP/s (2 x T x {gemm} / time)")
     ax.set_ylim(0, peak * 1.1)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
 

@@ -197,6 +197,26 @@ def emphasised(data: pd.DataFrame, names: Sequence[str], time: str, x: str) -> s
     return solid
 
 
+def few_that_matter(data: pd.DataFrame, names: Sequence[str], time: str, x: str) -> set[str]:
+    """The lines a plot of many near-equal curves draws (at most MAX_SOLID of them): native,
+    the floor, the RoPE each engine's Kimi-K2.5 tower calls (``summaries.SHIPPED``), the fastest
+    of ours and the fastest other engine kernel (least median ``time`` at the largest ``x``)."""
+    from rope_kernels import catalogue
+    from rope_kernels.study.summaries import SHIPPED
+
+    names = list(names)
+    if len(names) <= MAX_SOLID:
+        return set(names)
+    keep = {n for n in names if n in ("native", "none", *(v for _, v in SHIPPED))}
+    at = data[data[x] == data[x].max()].groupby("variant")[time].median() if len(data) else pd.Series(dtype=float)
+    for grp in ("ours", "engine"):
+        ranked = [n for n in names if n not in keep and n in at.index and np.isfinite(at[n])
+                  and (catalogue.entry(n).group if catalogue.entry(n) else "") == grp]
+        if ranked:
+            keep.add(min(ranked, key=lambda n: at[n]))
+    return keep
+
+
 def _faded(name: str, solid: set[str]) -> dict:
     return {} if name in solid else {"alpha": 0.25, "zorder": 1}
 
@@ -583,7 +603,8 @@ _ANCHOR_MARKERS = ("*", "P", "X", "D", "s")
 
 def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                    policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
-                   anchors: pd.DataFrame | None = None, floor: str = "none"):
+                   anchors: pd.DataFrame | None = None, floor: str = "none",
+                   show: Sequence[str] | None = None):
     """Time to first token [ms] (``model.prefill.ttft_rows``: encoder median + prefill)
     against images per request at one resolution, a line per RoPE choice, a panel per
     encoder policy (vLLM's default eager, vLLM's encoder graphs up to its budget, all
@@ -593,10 +614,9 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
     sub = ttft[ttft["resolution"] == resolution]
     pols = _ordered(sub.encoder_policy, policies)
     names = _ordered(sub.variant, variants)
-    # More than MAX_SOLID lines cannot be told apart: only the ones that matter (emphasised:
-    # ours, native, the floor, what the engines ship, the fastest engine kernel) are drawn;
-    # ttft_table gives every variant's numbers.
-    solid = emphasised(sub, names, "ttft_ms", "images")
+    # 13 lines within 2% of each other cannot be told apart: only the ones that matter are
+    # drawn (``show``, default ``few_that_matter``); ttft_table gives every variant's numbers.
+    solid = set(show) if show is not None else few_that_matter(sub, names, "ttft_ms", "images")
     hidden = [n for n in names if n not in solid]
     names = [n for n in names if n in solid]
     fig, axes = panel_grid(len(pols), ncols=3, sharey=True, height=4.8)
