@@ -164,7 +164,7 @@ def test_local_index_lists_every_device_on_disk_and_marks_the_local_run(tmp_path
     local = (root / "reports" / "local.html").read_text()
     assert "href='./cpu/02_microbench.html'" in local and "href='./cpu/06_summary.html'" in local
     assert "href='./big-gpu/02_microbench.html'" in local
-    assert re.search(r"<h3>cpu <span class='note'>\(local: a run on this machine", local)
+    assert "<h3>cpu <span class='note'>(local run, not committed)</span></h3>" in local
     assert "<h3>big-gpu</h3>" in local  # committed: not marked
     assert "<th>cpu</th>" in local or ">cpu<" in local.split("Headline figures per device")[1]
     status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], cwd=root, capture_output=True,

@@ -352,7 +352,7 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
 
     By default only devices whose results git tracks (``summary.all_devices``):
     the index is a tracked file, so a local run (data/cpu) leaves it unchanged,
-    and the same committed data gives byte-identical output. It links
+    and the same committed data gives byte-identical output. It names
     ``reports/local.html`` (``LOCAL_INDEX``, git-ignored), written here too: the same
     page over every device with results or reports on disk, committed or local (marked
     so), the index of a run on this machine. Each file is written only when its
@@ -387,7 +387,7 @@ def _write_index(root: Path, out: Path, device_folders: str, *, local_link: bool
         if not pages:
             continue
         local = tracked is not None and dev.name not in tracked
-        mark = " <span class='note'>(local: a run on this machine, not committed)</span>" if local else ""
+        mark = " <span class='note'>(local run, not committed)</span>" if local else ""
         parts.append(f"<h3>{html.escape(dev.name)}{mark}</h3><ul>")
         for page in pages:
             href = relative_href(page.relative_to(reports))
