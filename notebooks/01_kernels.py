@@ -60,10 +60,11 @@ from rope_kernels.bench.timing import time_fn
 from rope_kernels.kernels.fused import (_fused_qk_rope_rows_kernel, _row_cos_sin, _row_offsets,
                                         _rotate_row_pairs, fused_launch_config, rows_launch_config)
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup, show_source
+from rope_kernels.study.notebooks import check_parameters, notebook_setup, show_source
 from rope_kernels.study.plots import with_units
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("01_kernels", globals(), kind)  # the runner's rules and messages, for plain papermill too
 
 # %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT

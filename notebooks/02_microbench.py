@@ -73,12 +73,13 @@ from rope_kernels.bench.microbench import run_microbench
 from rope_kernels.bench.timing import copy_bandwidth_gbps
 from rope_kernels.study import plots
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.plots import with_units
 from rope_kernels.study.summary import pr_comparison
 from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("02_microbench", globals(), kind)  # the runner's rules and messages, for plain papermill too
 names = variants or list(VARIANTS)
 
 # %% tags=["appendix"]

@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.plots import with_units
 
 from rope_kernels import VARIANTS
@@ -54,6 +54,7 @@ from rope_kernels.bench.launches import count_launches
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("03_profile", globals(), kind)  # the runner's rules and messages, for plain papermill too
 names = variants or list(VARIANTS)
 dt = parse_dtype(dtype)
 xq, xk, freqs = make_arg_sets(Shape(tokens, heads, head_dim), dt, dev, 1)[0]

@@ -81,7 +81,7 @@ import pandas as pd
 import torch
 
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.plots import with_units
 
 import matplotlib.pyplot as plt
@@ -96,6 +96,7 @@ from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs
 from rope_kernels.study import plots
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("04_ttft", globals(), kind)  # the runner's rules and messages, for plain papermill too
 cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
 if layers:
     cfg = cfg.with_layers(layers)
@@ -405,7 +406,8 @@ ttft.drop_duplicates(["resolution", "images"])[["resolution", "images", "llm_pre
                                                 "hand_prefill_slow_ms"]].round(3).reset_index(drop=True)
 
 # %% [markdown]
-# TTFT against images per request, a line per RoPE choice, a panel per encoder policy; the
+# TTFT against images per request, a line per RoPE choice that matters (the table under each
+# plot has every variant), a panel per encoder policy; the
 # public anchors (`data/reference/ttft_anchors.csv`) are other models, GPUs and loads: context,
 # not like for like (their setups are in the table below the plot).
 
@@ -418,6 +420,7 @@ for r in resolutions:
         plots.ttft_vs_images(ttft, resolution=r, variants=variants,
                              anchors=anchors if r == "1024x1024" else None)
         plt.show()
+        display(plots.ttft_table(ttft, resolution=r).rename_axis(index=f"TTFT [ms], {r}"))
 anchors[["source", "hardware", "model", "setup", "metric", "before", "after", "unit"]]
 
 # %% [markdown]

@@ -63,13 +63,14 @@ import pandas as pd
 
 from rope_kernels.study import plots
 from rope_kernels.study.devices import data_line, provenance
-from rope_kernels.study.notebooks import notebook_setup
+from rope_kernels.study.notebooks import check_parameters, notebook_setup
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import QKV_GEMM_CSV
 from rope_kernels.study.targets import evaluate, summarize, targets_for
 from rope_kernels.variants import peer_status
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
+check_parameters("05_qkv_gemm", globals(), kind)  # the runner's rules and messages, for plain papermill too
 
 # %% tags=["appendix"]
 # NBVAL_IGNORE_OUTPUT
@@ -153,7 +154,8 @@ if kind != "cpu":
     for name, grp in roof.groupby("variant"):
         ax.plot(grp.tokens, grp.tflops, marker="o", label=name, color=plots.variant_color(name))
     ax.axhline(peak, color="k", ls="--", label=f"compute roof: cuBLAS 8192^3, {peak:.0f} TFLOP/s")
-    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel("TFLOP/s (2 T 1152 3456 / time)")
+    gemm = f"{qkv.hidden.iloc[0]} x {3 * qkv.heads.iloc[0] * qkv.head_dim.iloc[0]}"  # K x N, from the rows
+    ax.set_xscale("log"); ax.set_xlabel("tokens"); ax.set_ylabel(f"TFLOP/s (2 x T x {gemm} / time)")
     ax.set_ylim(0, peak * 1.1)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5)); plt.show()
 

@@ -33,13 +33,14 @@ from pathlib import Path
 import pandas as pd
 
 from rope_kernels.study.devices import data_line
-from rope_kernels.study.notebooks import report_display
+from rope_kernels.study.notebooks import check_parameters, report_display
 from rope_kernels.study.plots import with_units
 from rope_kernels.study.specs import (CORRECTNESS_CSV, ENCODER_LATENCY_CSV, FUSED_CONFIGS_CSV, LAUNCHES_CSV,
                                       MICROBENCH_CSV, QKV_GEMM_CSV)
 from rope_kernels.study.summary import all_devices, load_device_tables
 
 report_display()  # whole tables (no "..."), quiet known warnings, the report plot style
+check_parameters("06_summary", globals())  # the runner's rules and messages, for plain papermill too
 summary = all_devices(Path(data_root), device_folders)
 with_units(summary.set_index("device")).T if len(summary) else "no device data yet"
 

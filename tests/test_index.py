@@ -51,7 +51,7 @@ def make_clone(tmp_path):
     shutil.copytree(ROOT / "notebooks", root / "notebooks",
                     ignore=shutil.ignore_patterns("*.py", ".ipynb_checkpoints"))
     shutil.copytree(ROOT / "params", root / "params")
-    (root / ".gitignore").write_text("/data/cpu/\n/reports/cpu/\n*.lock\n")
+    (root / ".gitignore").write_text("/data/cpu/\n/reports/cpu/\n/reports/local.html\n*.lock\n")
     build_index(root)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
@@ -147,3 +147,40 @@ def test_sanitizer_keeps_a_2x_change_in_a_stored_error_visible(stored, now):
 
 def test_sanitizer_still_masks_last_digit_rounding():
     assert _sanitize("max_abs_err 2.3e-07") == _sanitize("max_abs_err 2.4e-07")
+
+
+def test_local_index_lists_every_device_on_disk_and_marks_the_local_run(tmp_path):
+    """A newcomer's own run: reports/index.html (tracked) keeps the committed devices and
+    names reports/local.html, which lists the committed device and the local run, marked."""
+    root = make_clone(tmp_path)
+    index_before = (root / "reports" / "index.html").read_bytes()
+    upsert_csv(root / "data" / "cpu" / "microbench.csv", micro_rows("cpu", tokens=(16,)))
+    (root / "reports" / "cpu").mkdir()
+    for stem in ("02_microbench", "06_summary"):
+        (root / "reports" / "cpu" / f"{stem}.html").write_text("<html></html>")
+    build_index(root)
+    assert (root / "reports" / "index.html").read_bytes() == index_before
+    assert "reports/local.html" in index_before.decode()
+    local = (root / "reports" / "local.html").read_text()
+    assert "href='./cpu/02_microbench.html'" in local and "href='./cpu/06_summary.html'" in local
+    assert "href='./big-gpu/02_microbench.html'" in local
+    assert "<h3>cpu <span class='note'>(local run, not committed)</span></h3>" in local
+    assert "<h3>big-gpu</h3>" in local  # committed: not marked
+    assert "<th>cpu</th>" in local or ">cpu<" in local.split("Headline figures per device")[1]
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], cwd=root, capture_output=True,
+                            text=True, check=True).stdout
+    assert "local.html" not in status
+
+
+def test_every_report_links_all_six(tmp_path):
+    from rope_kernels.study.summaries import QUESTIONS
+
+    root = make_clone(tmp_path)
+    first = root / "reports" / "cpu"
+    first.mkdir()
+    nav = reports._nav("01_kernels", first)  # rendered first: no other report exists yet
+    assert len(QUESTIONS) == 6
+    for other in QUESTIONS:
+        assert (f"(./{other}.html)" in nav) == (other != "01_kernels"), other
+    assert "(../local.html)" in nav  # git ignores reports/cpu: a local run links its own index
+    assert "(../local.html)" not in reports._nav("02_microbench", root / "reports" / "big-gpu")

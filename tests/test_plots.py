@@ -262,3 +262,72 @@ def test_titles_and_legends_never_overlap(draw):
             assert not title.get_window_extent(renderer).overlaps(box), title.get_text()
         for ax in fig.axes:
             assert not ax.title.get_window_extent(renderer).overlaps(box), ax.title.get_text()
+
+
+def _cut_at_the_edge(fig) -> list[str]:
+    """The texts of a saved figure (savefig without bbox_inches="tight", as the reports'
+    headline figure is) that reach past its edge: they would be cut off."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    edge = fig.bbox
+    texts = [fig._suptitle, fig._supxlabel]
+    for ax in fig.axes:
+        if ax.get_visible():
+            (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+            texts += [ax.xaxis.label, ax.yaxis.label, ax.title]
+            texts += [t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1]  # drawn ones
+            texts += [t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1]
+    cut = []
+    for text in texts:
+        if text is None or not text.get_visible() or not text.get_text():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < edge.x0 - 0.5 or box.x1 > edge.x1 + 0.5 or box.y0 < edge.y0 - 0.5 or box.y1 > edge.y1 + 0.5:
+            cut.append(text.get_text())
+    return cut
+
+
+@pytest.mark.parametrize("xlabel", [
+    "encoder time saved over native at 16 x 1024x1024, CUDA graphs [%]",
+    "time per call at 87,616 tokens x 16 x 72 (16 images), CUDA graphs, cold L2 [us]",
+    "a label far longer than any figure is wide, so it must wrap onto more lines to stay inside the figure [us]",
+])
+def test_headline_bars_keep_their_labels_inside_the_figure(xlabel):
+    """The reports' first figure (02, 04, 06): the x label sits under the axes, which start
+    right of the variants' long names; it reached past the figure's right edge (lost "[us]")."""
+    values = pd.Series({v: float(i + 1) for i, v in enumerate(catalogue.CATALOGUE)})
+    fig = plots.headline_bars(values, xlabel, highlight=["native", "fused"], title="solid: ours")
+    assert _cut_at_the_edge(fig) == []
+    assert "[" not in xlabel or xlabel[xlabel.rindex("["):] in fig.axes[0].get_xlabel().replace("\n", " ")
+
+
+@pytest.mark.parametrize("draw", ["ttft_vs_images", "encoder_latency", "kernel_panels"])
+def test_no_label_is_cut_at_the_figure_edge(draw):
+    if draw == "ttft_vs_images":
+        fig = plots.ttft_vs_images(_one_policy_ttft(), resolution="56x56")
+    elif draw == "encoder_latency":
+        fig = plots.encoder_latency(_ttft("cpu"), mode="eager")
+    else:
+        fig = plots.kernel_panels(_bench(), "pct_of_copy", "of device-to-device copy bandwidth [%]")
+    assert _cut_at_the_edge(fig) == []
+
+
+def test_ttft_plot_draws_the_few_that_matter_and_the_table_has_every_variant():
+    """13 TTFT lines in one panel could not be told apart (H200 04): only the emphasised
+    ones are drawn; ttft_table holds every variant's numbers."""
+    base = _one_policy_ttft()
+    names = list(catalogue.CATALOGUE)[:12] + ["native"]
+    many = pd.concat([base[base.variant == "native"].assign(variant=v, ttft_ms=base.ttft_ms + i)
+                      for i, v in enumerate(names)])
+    fig = plots.ttft_vs_images(many, resolution="56x56")
+    drawn = {line.get_color() for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() in ("-", "--")}
+    solid = plots.few_that_matter(many, names, "ttft_ms", "images")
+    assert len(solid) <= plots.MAX_SOLID < len(names)
+    assert {"native", names[0]} <= solid  # names[0], the fastest of ours (least ttft_ms)
+    assert drawn == {matplotlib.colors.to_hex(plots.variant_color(v)) for v in solid} or \
+        drawn == {plots.variant_color(v) for v in solid}
+    assert "more variants" in fig._suptitle.get_text()
+    table = plots.ttft_table(many, resolution="56x56")
+    assert sorted(table.index) == sorted(names)
+    want = many[(many.variant == names[3]) & (many.images == 2)].ttft_ms.iloc[0]
+    assert table.loc[names[3], ("eager", 2)] == pytest.approx(want, abs=0.05)

@@ -30,11 +30,17 @@ QUIET_WARNINGS = (
     (Warning, r".*IProgress not found"),
 )
 
+# Library log lines that depend on the machine, not the study (a stored output must not
+# follow them): torch's "No CUDA runtime is found, using CUDA_HOME=..." on a CUDA build
+# without a GPU. Their loggers print errors only.
+QUIET_LOGGERS = ("torch.utils.cpp_extension",)
+
 
 def report_display() -> None:
     """Quiet known warnings, whole pandas tables (never "...": the HTML export scrolls
     long ones, reports.SCROLL_CSS) and the report plot style: what every notebook
     needs, with or without a device (06_summary reads committed CSVs only)."""
+    import logging
     import warnings
 
     import pandas as pd
@@ -43,7 +49,13 @@ def report_display() -> None:
 
     for category, message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     pd.set_option("display.width", 200)
+    # A wide table is one block per row set, never wrapped: where pandas wraps follows
+    # the columns' widths, which follow e.g. the torch version string (nbval_sanitize.cfg
+    # collapses the padding itself).
+    pd.set_option("display.expand_frame_repr", False)
     pd.set_option("display.max_columns", None)
     pd.set_option("display.max_rows", None)
     pd.set_option("display.max_colwidth", None)
@@ -55,6 +67,24 @@ def notebook_setup(device: str = "auto"):
     torch.device) as :func:`resolve_device`."""
     report_display()
     return resolve_device(device)
+
+
+PAPERMILL_ORIGIN = "notebook parameters"
+
+
+def check_parameters(notebook: str, values, kind: str | None = None) -> None:
+    """Judge a notebook's parameters (its ``globals()`` after papermill's injected cell) by
+    the runner's rules (``parameters.resolve_parameters``, ``specs.SPECS``): plain papermill
+    refuses a bad value with the message ``run -p`` gives (after the origin, here
+    ``PAPERMILL_ORIGIN``) instead of a deep traceback. ``kind``: the device kind
+    (``notebook_setup``), None for notebooks without one. Every notebook's first code cell
+    calls it; the runner-set parameters (``by_runner``) are not judged here."""
+    from rope_kernels.study.parameters import resolve_parameters
+    from rope_kernels.study.specs import SPECS
+
+    spec = SPECS[notebook]
+    given = {name: values[name] for name, p in spec.parameters.items() if name in values and not p.by_runner}
+    resolve_parameters([notebook], SPECS, [(PAPERMILL_ORIGIN, {notebook: given})], [], kind)
 
 
 def show_source(obj) -> None:

@@ -187,15 +187,16 @@ def resolve_parameters(notebooks: Sequence[str], specs: Mapping[str, NotebookSpe
         if name in RUNNER_PARAMS:
             errors.append(f"{origin}: {name!r} is set by the runner, not by parameters")
             return
-        # Check against every notebook in scope, run now or not, so a profile's
-        # mistakes surface whichever notebooks are selected.
+        # A name no notebook in scope declares is an error, whichever notebooks run; a
+        # value is judged only for the notebooks selected (--only 04 -p samples=abc names
+        # 04.samples alone).
         declared = [nb for nb in specs if scope in (None, nb) and name in specs[nb].parameters]
         if not declared:
             where = scope or "no notebook"
             errors.append(f"{origin}: {where} has no parameter {name!r}" if scope
                           else f"{origin}: {where} has a parameter {name!r}")
             return
-        for nb in declared:
+        for nb in (nb for nb in declared if nb in resolved):
             default = specs[nb].parameters[name].default
             if not _type_ok(value, default):
                 errors.append(f"{origin}: {nb}.{name} must be {_type_name(default)}, "

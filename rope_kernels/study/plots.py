@@ -197,6 +197,26 @@ def emphasised(data: pd.DataFrame, names: Sequence[str], time: str, x: str) -> s
     return solid
 
 
+def few_that_matter(data: pd.DataFrame, names: Sequence[str], time: str, x: str) -> set[str]:
+    """The lines a plot of many near-equal curves draws (at most MAX_SOLID of them): native,
+    the floor, the RoPE each engine's Kimi-K2.5 tower calls (``summaries.SHIPPED``), the fastest
+    of ours and the fastest other engine kernel (least median ``time`` at the largest ``x``)."""
+    from rope_kernels import catalogue
+    from rope_kernels.study.summaries import SHIPPED
+
+    names = list(names)
+    if len(names) <= MAX_SOLID:
+        return set(names)
+    keep = {n for n in names if n in ("native", "none", *(v for _, v in SHIPPED))}
+    at = data[data[x] == data[x].max()].groupby("variant")[time].median() if len(data) else pd.Series(dtype=float)
+    for grp in ("ours", "engine"):
+        ranked = [n for n in names if n not in keep and n in at.index and np.isfinite(at[n])
+                  and (catalogue.entry(n).group if catalogue.entry(n) else "") == grp]
+        if ranked:
+            keep.add(min(ranked, key=lambda n: at[n]))
+    return keep
+
+
 def _faded(name: str, solid: set[str]) -> dict:
     return {} if name in solid else {"alpha": 0.25, "zorder": 1}
 
@@ -242,14 +262,32 @@ def _wrapped(text: str, size: float, room: float) -> str | None:
     return textwrap.fill(text.replace("\n", " "), max(10, int(longest * room / max(size, 1)) - 1))
 
 
+def _fit_x_labels(fig) -> bool:
+    """Wrap each x label that reaches past the figure's left or right edge (it is centred
+    under its axes, which start right of long y tick labels: saved without
+    bbox_inches="tight", its ends were cut off). Draws; True if a label changed."""
+    fig.canvas.draw()
+    renderer, edge, changed = fig.canvas.get_renderer(), fig.bbox, False
+    for ax in fig.axes:
+        label = ax.xaxis.label
+        if not (ax.get_visible() and label.get_text()):
+            continue
+        box = label.get_window_extent(renderer)
+        centre = (box.x0 + box.x1) / 2
+        new = _wrapped(label.get_text(), box.width, 2 * min(centre - edge.x0, edge.x1 - centre) - 8)
+        if new is not None and new != label.get_text():
+            label.set_text(new)
+            changed = True
+    return changed
+
+
 def _fit_text(fig, legend, suptitle=None) -> None:
     """Wrap what would collide, until nothing does (each wrap moves the layout): a y label
     taller than its panel (it reaches into the title's line) and a figure title that runs
     into the legend (beside one or two narrow panels the legend's top reaches the title)."""
     renderer = fig.canvas.get_renderer()
     for _ in range(4):
-        fig.canvas.draw()
-        changed = False
+        changed = _fit_x_labels(fig)  # draws
         for ax in fig.axes:
             label = ax.yaxis.label
             if ax.get_visible() and label.get_text():
@@ -554,6 +592,9 @@ def headline_bars(values: pd.Series, xlabel: str, *, highlight: Sequence[str] = 
     ax.margins(x=0.12)
     if title:  # above the bars' labels too, from the figure's left edge: never clipped by the axes
         fig.suptitle(title, x=0.01, ha="left", fontsize=10)
+    for _ in range(3):  # each wrap moves the layout
+        if not _fit_x_labels(fig):
+            break
     return fig
 
 
@@ -562,7 +603,8 @@ _ANCHOR_MARKERS = ("*", "P", "X", "D", "s")
 
 def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                    policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
-                   anchors: pd.DataFrame | None = None, floor: str = "none"):
+                   anchors: pd.DataFrame | None = None, floor: str = "none",
+                   show: Sequence[str] | None = None):
     """Time to first token [ms] (``model.prefill.ttft_rows``: encoder median + prefill)
     against images per request at one resolution, a line per RoPE choice, a panel per
     encoder policy (vLLM's default eager, vLLM's encoder graphs up to its budget, all
@@ -572,6 +614,11 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
     sub = ttft[ttft["resolution"] == resolution]
     pols = _ordered(sub.encoder_policy, policies)
     names = _ordered(sub.variant, variants)
+    # 13 lines within 2% of each other cannot be told apart: only the ones that matter are
+    # drawn (``show``, default ``few_that_matter``); ttft_table gives every variant's numbers.
+    solid = set(show) if show is not None else few_that_matter(sub, names, "ttft_ms", "images")
+    hidden = [n for n in names if n not in solid]
+    names = [n for n in names if n in solid]
     fig, axes = panel_grid(len(pols), ncols=3, sharey=True, height=4.8)
     marks = pd.DataFrame() if anchors is None else anchors[anchors["metric"].astype(str).str.startswith("ttft")
                                                           & anchors["after"].notna()
@@ -599,5 +646,14 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                             mfc="none", ls="none",
                             label=textwrap.fill(f"{a['source']} ({a['model']}, {a['hardware']}, {a['setup']}): "
                                                 f"{a['metric']} {a['after']:g} ms", 48)))
+    more = f"; {len(hidden)} more variants: the table below" if hidden else ""
     return finish(fig, sub, _variant_handles(names, floor), extra=extra,
-                  title=textwrap.fill(f"{resolution}; prefill: {source}", max(40, int(fig.get_figwidth() * 7))))
+                  title=textwrap.fill(f"{resolution}; prefill: {source}{more}", max(40, int(fig.get_figwidth() * 7))))
+
+
+def ttft_table(ttft: pd.DataFrame, *, resolution: str = "1024x1024", value: str = "ttft_ms") -> pd.DataFrame:
+    """Every variant's ``value`` at one resolution: a row per variant (the catalogue's order),
+    a column per (encoder policy, images): what ``ttft_vs_images`` leaves out of its plot."""
+    sub = ttft[ttft["resolution"] == resolution]
+    table = sub.pivot_table(index="variant", columns=["encoder_policy", "images"], values=value, aggfunc="median")
+    return table.reindex(grouped(table.index)).rename_axis(columns=["encoder policy", "images"]).round(1)

@@ -157,10 +157,22 @@ def _nav(stem: str, report_dir: Path) -> str:
     from rope_kernels.study.summaries import QUESTIONS
 
     links = ["[All reports: reports/index.html](../index.html)"]
-    for other in QUESTIONS:
-        if other != stem and ((report_dir / f"{other}.ipynb").exists() or (report_dir / f"{other}.html").exists()):
-            links.append(f"[{other}](./{other}.html)")
+    if _ignored(report_dir):  # a local run's reports (never committed): its own index
+        links.append(f"[with this machine's runs: reports/{LOCAL_INDEX}](../{LOCAL_INDEX})")
+    # all six, rendered before or after this one (a run renders them in order)
+    links += [f"[{other}](./{other}.html)" for other in QUESTIONS if other != stem]
     return "<nav class='report-nav'>\n\n" + " · ".join(links) + "\n\n</nav>"
+
+
+def _ignored(path: Path) -> bool:
+    """True if git ignores ``path`` (e.g. reports/cpu/: a local run, never committed)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "check-ignore", "-q", str(Path(path).resolve())], cwd=Path(path).parent,
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _figure_output(spec: dict):
@@ -332,21 +344,34 @@ def relative_href(rel: Path) -> str:
     return "./" + "/".join(urllib.parse.quote(s, safe="") for s in segments)
 
 
+LOCAL_INDEX = "local.html"  # every device on disk, local runs marked; git-ignored
+
+
 def build_index(root: Path, device_folders: str = "committed") -> Path:
     """reports/index.html: every device's reports and a one-row-per-device summary.
 
     By default only devices whose results git tracks (``summary.all_devices``):
     the index is a tracked file, so a local run (data/cpu) leaves it unchanged,
-    and the same committed data gives byte-identical output. The file is written
-    only when its content changes."""
+    and the same committed data gives byte-identical output. It names
+    ``reports/local.html`` (``LOCAL_INDEX``, git-ignored), written here too: the same
+    page over every device with results or reports on disk, committed or local (marked
+    so), the index of a run on this machine. Each file is written only when its
+    content changes."""
     root = Path(root)
+    reports = root / "reports"
+    out = _write_index(root, reports / "index.html", device_folders, local_link=device_folders == "committed")
+    if device_folders == "committed":
+        _write_index(root, reports / LOCAL_INDEX, "all", local_link=False)
+    return out
+
+
+def _write_index(root: Path, out: Path, device_folders: str, *, local_link: bool) -> Path:
     reports = root / "reports"
     devices_with_reports = sorted(p for p in reports.iterdir() if p.is_dir()) \
         if reports.exists() else []
-    if device_folders == "committed" and reports.exists():
-        tracked = committed_device_folders(reports)
-        if tracked is not None:
-            devices_with_reports = [p for p in devices_with_reports if p.name in tracked]
+    tracked = committed_device_folders(reports) if reports.exists() else None
+    if device_folders == "committed" and tracked is not None:
+        devices_with_reports = [p for p in devices_with_reports if p.name in tracked]
     summary = all_devices(root / "data", device_folders)
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              "<title>Vision RoPE kernel study: reports</title>",
@@ -354,11 +379,16 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
              "<h1>Vision RoPE kernel study (vLLM PR #50400, Kimi-K2.5)</h1>"]
     parts += _answer(root, [d.name for d in devices_with_reports], summary)
     parts.append("<h2>Reports</h2>")
+    if local_link:
+        parts.append(f"<p class='note'>A run on this machine (<code>make study</code>) is listed beside these in "
+                     f"<code>reports/{LOCAL_INDEX}</code>, which the run writes (not committed).</p>")
     for dev in devices_with_reports:
         pages = sorted(dev.glob("*.html"))
         if not pages:
             continue
-        parts.append(f"<h3>{html.escape(dev.name)}</h3><ul>")
+        local = tracked is not None and dev.name not in tracked
+        mark = " <span class='note'>(local run, not committed)</span>" if local else ""
+        parts.append(f"<h3>{html.escape(dev.name)}{mark}</h3><ul>")
         for page in pages:
             href = relative_href(page.relative_to(reports))
             question = _questions().get(page.stem, "")
@@ -373,7 +403,6 @@ def build_index(root: Path, device_folders: str = "committed") -> Path:
     else:
         parts.append(_device_details(summary))
     parts.append("</body></html>")
-    out = reports / "index.html"
     page = "\n".join(parts) + "\n"
     if not out.exists() or out.read_text() != page:
         write_atomic(out, page)
@@ -427,6 +456,7 @@ def _device_details(summary: pd.DataFrame) -> str:
 _COLUMNS = {
     "device": "device folder",
     "device_name": "device",
+    "timed_on": "timed on",
     "microbench_commit": "kernel runs' commit",
     "kimi_tokens": "tokens (16x72)",
     "fused_speedup_vs_native": "speedup of fused over native (native time / fused time, 16x72, cold)",

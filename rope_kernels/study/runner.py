@@ -172,7 +172,8 @@ def run_study(*, device: str = "auto", params_file: Path | None = None,
     for line in skip_lines(skipped, kind):
         log(line)
     log(f"reports/index.html lists the committed devices (unchanged by this run unless "
-        f"{slug}'s results are tracked); this run's summary: "
+        f"{slug}'s results are tracked), reports/local.html every device on disk, this run's too; "
+        f"this run's summary: "
         f"{(report_dir / f'{SUMMARY_NOTEBOOK}.html').relative_to(root)}"
         if SUMMARY_NOTEBOOK in notebooks else f"index: {index.relative_to(root)}")
     return written

@@ -591,10 +591,86 @@ REPORTS = {"01_kernels": kernels_lines, "02_microbench": microbench_lines, "03_p
 
 
 def report_lines(stem: str, files: dict) -> list[str]:
-    """The "What we found" sentences of report ``stem`` (e.g. "02_microbench")."""
+    """The "What we found" sentences of report ``stem`` (e.g. "02_microbench"); a CPU run's
+    open with what it measured, at the shapes it measured (``cpu_run_lines``)."""
     if stem not in REPORTS:
         raise ValueError(f"no summary for report {stem!r} (known: {', '.join(REPORTS)})")
-    return REPORTS[stem](files)
+    return (cpu_run_lines(stem, files) if is_cpu_run(files) else []) + REPORTS[stem](files)
+
+
+# -- a CPU run: what it measured, at the shapes it measured ----------------------------------
+# The lines above answer at the GPU shapes (87,616 tokens, 16 x 1024x1024), which a CPU run
+# never reaches: alone they read "not measured" and nothing tells a user the run worked.
+
+CPU_RUN = ("A CPU run (Triton's interpreter, wall-clock timing): it shows that each notebook ran and "
+           "what it measured at the small shapes below; its times are no speed claim for any GPU "
+           "(and no saving is shown).")
+
+
+def is_cpu_run(files: dict) -> bool:
+    """True when a device folder's rows were measured on a CPU (``device_kind``)."""
+    return any(isinstance(df, pd.DataFrame) and len(df) and "device_kind" in df.columns
+               and (df["device_kind"].astype(str) == "cpu").any() for df in files.values())
+
+
+def _shown(variants) -> list[str]:
+    """Native, ours and what the engines ship, in the catalogue's order."""
+    keep = ("native", *F.OURS, *(v for _, v in SHIPPED))
+    return sorted((v for v in variants if v in keep), key=catalogue.order_key)
+
+
+def _cpu_kernels(files: dict) -> list[str]:
+    m = files.get("microbench", pd.DataFrame())
+    if m.empty:
+        return ["Kernel alone: no `microbench.csv` rows."]
+    size = m["tokens"] * m["heads"] * m["head_dim"]
+    big = m.loc[size.idxmax()]
+    at = m[(m["tokens"] == big["tokens"]) & (m["heads"] == big["heads"]) & (m["head_dim"] == big["head_dim"])
+           & (m["dtype"] == big["dtype"]) & (m["mode"] == big["mode"])]
+    med = at.groupby("variant")["median_us"].median()
+    shapes = m.drop_duplicates(["tokens", "heads", "head_dim"]).shape[0]
+    shown = _shown(med.index)
+    rest = len(med) - len(shown)
+    return [f"Kernel alone, measured at {len(m.drop_duplicates(['tokens', 'heads', 'head_dim', 'dtype', 'mode']))} "
+            f"shape/dtype/mode settings ({shapes} shapes, up to {int(big['tokens']):,} tokens x {int(big['heads'])} x "
+            f"{int(big['head_dim'])}); {m['variant'].nunique()} variants ran. At that largest shape "
+            f"({big['dtype']}, {big['mode']}): " + ", ".join(f"{name(v)} {fmt_us(med[v])}" for v in shown)
+            + (f"; {rest} more in the tables below" if rest > 0 else "") + "."]
+
+
+def _cpu_encoder(files: dict) -> list[str]:
+    e = files.get("encoder", pd.DataFrame())
+    if e.empty:
+        return ["Vision encoder: no `encoder_latency.csv` rows."]
+    pixels = e["resolution"].astype(str).map(lambda r: int(r.split("x")[0]) * int(r.split("x")[1]))
+    res = e.loc[pixels.idxmax(), "resolution"]
+    at = e[e["resolution"] == res]
+    mode = at["mode"].iloc[0]
+    at = at[at["mode"] == mode]
+    n = int(at["images"].max())
+    med = at[at["images"] == n].groupby("variant")["median_ms"].median()
+    shown = sorted(med.index, key=catalogue.order_key)
+    return [f"Encoder ({e['resolution'].nunique()} resolutions, {e['images'].nunique()} image counts, "
+            f"{e['variant'].nunique()} RoPE choices measured), at {n} image{'s' if n > 1 else ''} of {res} "
+            f"({mode}, medians): " + "; ".join(f"{name(v) if v != 'none' else 'RoPE skipped'} {med[v]:.1f} ms"
+                                              for v in shown) + "."]
+
+
+def _cpu_files(files: dict) -> list[str]:
+    from rope_kernels.study.specs import RESULT_FILES as FILES
+
+    written = [f"`{n}` ({len(files[n])} rows)" for n in FILES if isinstance(files.get(n), pd.DataFrame)
+               and len(files[n])]
+    return ["This run wrote " + (", ".join(written) if written else "no result rows") + "."]
+
+
+def cpu_run_lines(stem: str, files: dict) -> list[str]:
+    """A CPU run's first sentences for report ``stem``: that it is one (``CPU_RUN``) and what it
+    measured at the shapes it measured; the GPU-shape lines (``REPORTS``) follow."""
+    measured = {"02_microbench": _cpu_kernels, "04_ttft": _cpu_encoder, "06_summary": _cpu_files,
+                "05_qkv_gemm": lambda f: ["RoPE inside the QKV projection: timed on a GPU only; a CPU run "
+                                          "times nothing here."]}.get(stem, lambda f: [])
+    return [CPU_RUN] + measured(files)
 
 
 # -- rendering ---------------------------------------------------------------------------

@@ -91,10 +91,17 @@ def peer_ratios(rows: pd.DataFrame, times: pd.Series) -> dict:
     return out
 
 
+CPU_TIMING = "CPU (Triton interpreter, wall clock): not comparable, no savings shown"
+
+
 def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | None = None) -> dict:
     """One device's headline row (NaN where the data does not cover a figure)."""
     nan = float("nan")
     row: dict = {}
+    cpu = any("device_kind" in df.columns and (df["device_kind"].astype(str) == "cpu").any()
+              for df in (micro, ttft) if not df.empty)
+    if not (micro.empty and ttft.empty):  # a CPU run's times are not comparable with a GPU's
+        row["timed_on"] = CPU_TIMING if cpu else "GPU"
     if not micro.empty:
         row["device_name"] = micro["device_name"].iloc[0]
         row["microbench_commit"] = ", ".join(sorted(set(micro["git_commit"].astype(str))))
@@ -133,6 +140,8 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
                 row["encoder_resolution"] = t["resolution"].iloc[0]
                 row["encoder_native_ms"] = at["native"]
                 row["encoder_fused_ms"] = at["fused"]
+                if cpu:  # interpreter wall clock: a "saving" of -95% says nothing about a GPU
+                    return row
                 row["encoder_saving_ms"] = at["native"] - at["fused"]
                 row["encoder_saving_pct"] = 100 * (at["native"] - at["fused"]) / at["native"]
                 for v in catalogue.names("encoder", "engine"):  # the engines' RoPE in the encoder
