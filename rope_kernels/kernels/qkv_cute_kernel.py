@@ -14,7 +14,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
-from rope_kernels.kernels.qkv_cute import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
+from rope_kernels.kernels.qkv_cute_config import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
 
 
 def _ptx_f32(op: str, x):
