@@ -86,7 +86,7 @@ from rope_kernels.bench.encoder_bench import (agrees_with_native, bucket_rounds,
                                               rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps
-from rope_kernels.model.prefill import PrefillModel, add_ttft, rope_saving_pct_of_ttft
+from rope_kernels.prefill import PrefillModel, add_ttft, rope_saving_pct_of_ttft
 from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.study import plots
 
@@ -296,7 +296,7 @@ if len(gains):
 #
 # The first token waits for the encoder and then for the language model to prefill what it
 # sees: the vision tokens after the 2x2 merge (`vit_tokens / 4`) plus `text_tokens` of text.
-# TTFT = encoder median (measured above) + prefill (modelled: `rope_kernels/model/prefill.py`;
+# TTFT = encoder median (measured above) + prefill (modelled: `rope_kernels/prefill.py`;
 # set `prefill_tokens_per_s` to your measured prefill throughput to replace the model). The rows
 # carry it in `modelled_` columns with `prefill_model` naming the model. Its assumptions, and the
 # band its uncertain ones (MFU) give:
@@ -344,7 +344,7 @@ with_units(savings.pivot_table(index=["resolution", "images", "mode"], columns="
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_savings
+from rope_kernels.prefill import aic_covered_systems, device_ttft, ttft_savings
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 

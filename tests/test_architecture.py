@@ -119,8 +119,8 @@ LAYERS = {
     "rope_kernels.vocabulary": 0, "rope_kernels.provenance": 0, "rope_kernels.atomic_io": 0,
     "rope_kernels.catalogue": 0, "rope_kernels.percentiles": 0, "rope_kernels.roofline": 0,
     # pip download lines only, importing nothing of the package: peers/cache.py uses it
-    "rope_kernels.infra.wheelhouse": 0,
-    "rope_kernels.model.config": 0, "rope_kernels.model.prefill": 0,
+    "rope_kernels.wheels": 0,
+    "rope_kernels.encoder_config": 0, "rope_kernels.prefill": 0,
     "rope_kernels.kernels": 1,
     "rope_kernels.correctness": 2,
     "rope_kernels.peers": 3,
@@ -129,8 +129,7 @@ LAYERS = {
 }
 STUDY = "rope_kernels.study"
 # The infrastructure (Slurm submit, carry bundles, wheelhouse) sits above everything, the
-# study included: it may import any layer; only the command line imports it (and the
-# bottom-layer wheelhouse, listed in LAYERS, may be imported by anyone).
+# study included: it may import any layer; only the command line imports it.
 INFRA = "rope_kernels.infra"
 # Imports into the study from below that remain, each with why (new ones fail the test).
 STUDY_EXCEPTIONS = {
@@ -167,10 +166,23 @@ def _layer(module: str) -> int | None:
     return None
 
 
+def test_a_folder_is_one_layer():
+    """Every module in a folder has the folder's layer: no LAYERS entry inside a folder
+    that has another (model/config and model/prefill were layer 0 inside model/, layer 5;
+    infra/wheelhouse was layer 0 inside the infrastructure; issue 44)."""
+    folders = {m for m in _imports() if (ROOT / Path(*m.split("."))).is_dir()}
+    problems = [f"{entry} (layer {layer}) lies in {outer}"
+                for entry, layer in LAYERS.items()
+                for outer in folders | {INFRA, STUDY}
+                if entry.startswith(outer + ".") and outer != "rope_kernels"
+                and (outer in (INFRA, STUDY) or LAYERS.get(outer, layer) != layer)]
+    assert not problems, problems
+
+
 def test_layers_hold():
     """No import from a higher layer into a lower one, none from bench/kernels/peers
     into the study (beyond the listed exceptions), none of the infrastructure from
-    outside it (but its bottom-layer wheelhouse), and nothing imports the command
+    outside it, and nothing imports the command
     line (study/submit.py did: a circle through rope_kernels.__main__)."""
     problems = []
     graph = _imports()

@@ -218,7 +218,7 @@ def test_config_parse_and_label():
 
 @pytest.mark.skipif(_on_hopper(), reason="runs here")
 def test_encoder_refuses_gemm_epilogue_cute_where_absent_saying_why():
-    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.model.vit import MoonViTEncoder, encoder_inputs, rope_variants
     from rope_kernels.variants import encoder_only_absent
 

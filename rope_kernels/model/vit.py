@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis, vision_patch_coords
 from rope_kernels.kernels.reference import cos_sin_views
-from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
+from rope_kernels.encoder_config import EncoderConfig  # noqa: F401  (the model's geometry)
 from rope_kernels.qkv import qkv_rope, qkv_rope_operands
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV

@@ -171,9 +171,9 @@ def _qkv_tokens_rule(v, kind):
 
 def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
     """04_ttft's prefill-model parameters, checked by the model itself
-    (``model.prefill.PrefillModel``, torch-free), so the rules live in one place."""
+    (``prefill.PrefillModel``, torch-free), so the rules live in one place."""
     def check(v, kind):
-        from rope_kernels.model.prefill import PrefillModel, llm_prompt_tokens
+        from rope_kernels.prefill import PrefillModel, llm_prompt_tokens
 
         try:
             if field_name == "text_tokens":
@@ -324,7 +324,7 @@ QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 PAIRED_COLUMNS = ("paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
                   "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80")
 
-# Time to first token, modelled (model/prefill.add_ttft) beside the measured latency.
+# Time to first token, modelled (prefill.add_ttft) beside the measured latency.
 MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_fast_ms",
                          "modelled_ttft_fast_ms", "modelled_prefill_ms", "modelled_ttft_ms",
                          "modelled_prefill_slow_ms", "modelled_ttft_slow_ms", "prefill_model")
@@ -438,7 +438,7 @@ RESULT_FILES: dict[str, Table] = {
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS),
         derived={"in_place": _old_rows_in_place}),
-    # Time to first token per RoPE choice and encoder launch policy (model/prefill.ttft_rows):
+    # Time to first token per RoPE choice and encoder launch policy (prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
     TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "device_name")),
     # bench/qkv_bench.py: one row per variant at its fixed config, timed in shuffled rounds

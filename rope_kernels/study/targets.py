@@ -661,7 +661,7 @@ def paired_cost(rows: pd.DataFrame, variant: str, floor: str = "none") -> tuple[
 def encoder_minimal_ms(rows: pd.DataFrame) -> float:
     """RoPE's physical minimum in one forward of the encoder these rows timed:
     its layers x minimal bytes at the row's copy ceiling (NaN when unknown)."""
-    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.roofline import rope_minimal_ms
 
     r = rows.iloc[0]
