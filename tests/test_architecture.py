@@ -269,13 +269,58 @@ def test_a_slurm_task_runs_the_runner_as_a_command(tmp_path):
     assert rc == 2 and record["rc"] == 2 and "sampels" in record["error"]
 
 
-def test_no_test_installs_system_packages():
-    """Tests skip (with the package to install) instead of running a package manager;
-    .ci/run installs what CI needs."""
-    import re
+PACKAGE_MANAGERS = {"apt-get", "apt", "aptitude", "yum", "dnf", "zypper", "apk", "brew", "conda",
+                    "mamba", "snap", "port", "pacman"}
+_RUNNERS = {"run", "Popen", "call", "check_call", "check_output", "system", "popen",
+            "getoutput", "getstatusoutput", "spawnlp", "execvp"}
 
-    pattern = re.compile(r"""["'](apt-get|apt|yum|dnf|brew|conda)["']\s*,\s*["']install""")
-    offenders = [p.name for p in (ROOT / "tests").glob("*.py") if pattern.search(p.read_text())]
+
+def _installs(source: str) -> list[str]:
+    """Commands in ``source`` that a subprocess/os call would run to change the machine: a
+    package manager's install (list or shell-string form), sudo, or a pip install that is
+    not a --dry-run. Strings elsewhere (a skip message telling what to install) do not
+    count."""
+    import ast
+    import shlex
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+                and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in _RUNNERS):
+            continue
+        words = []
+        for arg in node.args[:1]:
+            parts = arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]
+            for part in parts:
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    try:
+                        words += shlex.split(part.value)
+                    except ValueError:
+                        words += part.value.split()
+        names = [w.rsplit("/", 1)[-1] for w in words]
+        if "sudo" in names or (set(names) & PACKAGE_MANAGERS and "install" in names) or (
+                "pip" in names and "install" in names and "--dry-run" not in names):
+            found.append(" ".join(words))
+    return found
+
+
+def test_install_finder_finds_installs():
+    assert _installs('subprocess.run(["apt-get", "install", "-y", "munge"])')
+    assert _installs('subprocess.run("sudo apt-get install -y slurm-wlm", shell=True)')
+    assert _installs('os.system("/usr/bin/dnf install chromium")')
+    assert _installs('subprocess.check_call([sys.executable, "-m", "pip", "install", "x"])')
+    assert not _installs('subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "x"])')
+    assert not _installs('pytest.skip("install slurm-wlm and munge (apt-get install slurm-wlm munge)")')
+    assert not _installs('subprocess.run(["/usr/sbin/slurmd", "-C"])')
+
+
+def test_no_test_installs_system_packages():
+    """A test changes nothing on the machine it runs on: tests skip (saying what to install)
+    where a tool is absent, and .ci/run installs what CI needs (and sets ROPE_REQUIRE_* so
+    that an absence there is a failure). Checked on every call that runs a command in the
+    tests (list or shell-string form), not only a list's first two words."""
+    offenders = {p.name: found for p in sorted((ROOT / "tests").glob("*.py"))
+                 if (found := _installs(p.read_text()))}
     assert not offenders, offenders
 
 
