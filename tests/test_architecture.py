@@ -385,3 +385,21 @@ def test_compile_matrix_covers_every_launched_kernel():
     stale = sorted(set(COMPILE_MATRIX_PENDING) & in_matrix | set(COMPILE_MATRIX_PENDING) - owned)
     assert not stale, "in the matrix now (or gone): remove from COMPILE_MATRIX_PENDING: " + \
         ", ".join(f"{m}.{k}" for m, k in stale)
+
+
+def test_checks_validate_and_switches_switch():
+    """kernels/checks.py is input validation only; the runtime switches (Triton's
+    interpreter, launch recording) are kernels/switches.py's (issue 44)."""
+    import ast
+
+    def defined(path):
+        tree = ast.parse((ROOT / path).read_text())
+        return ({n.name for n in tree.body if isinstance(n, ast.FunctionDef)},
+                "ContextVar" in ast.unparse(tree), "triton.jit" in ast.unparse(tree))
+
+    names, contextvar, jit = defined("rope_kernels/kernels/checks.py")
+    assert not contextvar and not jit
+    assert all(n.startswith(("check_", "_")) or n in ("may_overlap", "packed_qkv_of") for n in names), names
+    names, contextvar, jit = defined("rope_kernels/kernels/switches.py")
+    assert contextvar and jit
+    assert {"recording_launches", "launches_recorded", "triton_interpreter_enabled"} <= names

@@ -45,7 +45,8 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_no_autograd, check_patch_coords,
                                          check_positive_int, check_qkv_operands, check_qkv_out,
-                                         check_triton_device, triton_interpreter_enabled)
+                                         check_triton_device)
+from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.kernels.fused import cos_sin_vector, interleaved_cos_sin
 
 # --------------------------------------------------------------------------

@@ -428,7 +428,7 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
 
     import torch
 
-    from rope_kernels.kernels.checks import triton_interpreter_enabled
+    from rope_kernels.kernels.switches import triton_interpreter_enabled
 
     if importlib.util.find_spec(module) is None:
         return False, f"{package} not installed (pinned {pinned}; {why})"
