@@ -2,9 +2,9 @@
 our own in CuTe DSL (``nvidia-cutlass-dsl``; optional, imported only when used).
 
 Why a second kernel beside ``qkv_gemm.py``'s Triton one: in the committed rows
-(``data/nvidia-h200/qkv_gemm.csv``) the Triton kernel with its rotation compiled out takes
-1.01-1.12x cuBLAS's time at 21,904-87,616 tokens and QuACK's plain GEMM 0.94x; what
-QuACK does differently (warp specialization on Hopper, the weight tile multicast over a
+(``data/nvidia-h200/qkv_gemm.csv``; notebook 05 and docs/DECISIONS.md give the ratios) the
+Triton kernel with its rotation compiled out is slower than cuBLAS at Kimi's token counts
+and QuACK's plain GEMM faster; what QuACK does differently (warp specialization on Hopper, the weight tile multicast over a
 cluster) is not expressible in Triton 3.6 (``docs/DECISIONS.md``). This kernel is built from CUTLASS's own
 primitives (TMA atoms, WGMMA, mbarrier pipelines, the static persistent tile scheduler),
 run from the installed package; the kernel and its epilogue are ours:

@@ -16,11 +16,9 @@ class CuteQKVConfig:
 
     The default, 192x2 (192-column tiles, W multicast over 2 CTAs along M, 64-column
     stores), is the fastest of the three configs notebook 05 swept in the committed run
-    (``data/exploration/nvidia-h200/qkv_gemm_sweep.csv``, H200, Kimi 1152 -> 3 x 16 x 72): 228.9 /
-    446.1 / 881.0 us at 21,904 / 43,808 / 87,616 tokens, against 232.2 / 451.6 / 892.8
-    with 32-column stores and 232.5 / 461.5 / 908.4 at 160x2 (ptxas 13.0 reports 24 bytes
-    of spill stores for the 64-column stores, none for the 32-column ones: the faster one
-    is kept)."""
+    (``data/exploration/nvidia-h200/qkv_gemm_sweep.csv``, H200, Kimi 1152 -> 3 x 16 x 72) at
+    every token count, although ptxas reports a small spill for its 64-column stores and
+    none for 32-column ones; the times: docs/DECISIONS.md ("Our CuTe DSL QKV kernel")."""
     tile_n: int = 192       # columns a tile (Kimi's 3456 = 18 tiles; q|k = the first 12)
     cluster_m: int = 2      # CTAs along M sharing (multicasting) one W tile: 1 or 2
     epi_n: int = 0          # columns of one epilogue store subtile; 0: the widest of 64, 32
