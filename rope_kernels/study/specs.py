@@ -462,7 +462,9 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "device": _DEVICE,
         "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
         "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
-        "variants": Param([], variant_names(allow_empty=True), variants=True),
+        # empty: everything 02 and 04 can time, the encoder-only modes included
+        "variants": Param([], variant_names(allow_empty=True, extra=ENCODER_ONLY_ROPE),
+                          variants=True),
         "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),
