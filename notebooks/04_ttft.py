@@ -91,7 +91,7 @@ from rope_kernels.bench.encoder_bench import (agrees_with_native, bucket_rounds,
                                               rope_profile)
 from rope_kernels.bench.microbench import parse_dtype
 from rope_kernels.bench.timing import copy_bandwidth_gbps
-from rope_kernels.model.prefill import PrefillModel, add_ttft, rope_saving_pct_of_ttft
+from rope_kernels.prefill import PrefillModel, add_ttft, rope_saving_pct_of_ttft
 from rope_kernels.model.vit import EncoderConfig, MoonViTEncoder, encoder_inputs, pick_attention
 from rope_kernels.study import plots
 
@@ -101,7 +101,7 @@ cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
-from rope_kernels.model.encoder_parallel import gpu_images, parallel_columns
+from rope_kernels.encoder_parallel import gpu_images, parallel_columns
 # one GPU's encoder per parallel mode: tp8's shard of every layer, the whole encoder otherwise
 models = {p: model if p != "tp8" else MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed,
                                                      encoder_parallel=p) for p in encoder_parallel}
@@ -325,7 +325,7 @@ if len(gains):
 #
 # The first token waits for the encoder and then for the language model to prefill what it
 # sees: the vision tokens after the 2x2 merge (`vit_tokens / 4`) plus `text_tokens` of text.
-# TTFT = encoder median (measured above) + prefill (modelled: `rope_kernels/model/prefill.py`;
+# TTFT = encoder median (measured above) + prefill (modelled: `rope_kernels/prefill.py`;
 # set `prefill_tokens_per_s` to your measured prefill throughput to replace the model). The rows
 # carry it in `modelled_` columns with `prefill_model` naming the model. Its assumptions, and the
 # band its uncertain ones (MFU) give:
@@ -383,7 +383,7 @@ else:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from rope_kernels.model.prefill import aic_covered_systems, device_ttft, ttft_savings
+from rope_kernels.prefill import aic_covered_systems, device_ttft, ttft_savings
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 
@@ -469,7 +469,7 @@ ttft.pivot_table(index=["resolution", "images"], columns=["encoder_policy", "var
 # measured. What vLLM supports for Kimi-K2.5 and what it picks by default, read from its source:
 
 # %%
-from rope_kernels.model.encoder_parallel import (COMM_MODEL, VLLM_DEFAULT_ENCODER_PARALLEL, VLLM_FACTS,
+from rope_kernels.encoder_parallel import (COMM_MODEL, VLLM_DEFAULT_ENCODER_PARALLEL, VLLM_FACTS,
                                                  VLLM_MODE_NAMES)
 display(pd.DataFrame([{"fact": f.what, "value": f.value, "where": f.where, "source line": f.quote}
                       for f in VLLM_FACTS.values()]))

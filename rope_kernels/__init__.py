@@ -17,8 +17,9 @@ environment variable. Each name above is imported from its module on first use
 (PEP 562). Triton decides between compiling and its CPU interpreter when a
 ``@triton.jit`` function is *defined* (triton 3.6, ``triton/runtime/jit.py``),
 so that decision is made where this package's kernels are defined:
-``rope_kernels.kernels.checks`` (imported by every module that defines or loads a
-Triton kernel) calls ``kernels.interpreter.use_interpreter_without_gpu()`` first.
+``rope_kernels.kernels.switches`` (imported first by ``kernels.checks``, which every module
+that defines or loads a Triton kernel imports) calls
+``kernels.interpreter.use_interpreter_without_gpu()`` first.
 The variant registry is built on its first use (``variants.registry()``).
 """
 
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "triton_interpreter_enabled": "rope_kernels.kernels.checks",
+    "triton_interpreter_enabled": "rope_kernels.kernels.switches",
     "grid_tokens": "rope_kernels.kernels.freqs",
     "image_patch_grid": "rope_kernels.kernels.freqs",
     "vision_freqs_cis": "rope_kernels.kernels.freqs",

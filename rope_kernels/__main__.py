@@ -288,7 +288,7 @@ def _findings(args) -> int:
 
 
 def _ttft(args) -> int:
-    from rope_kernels.model.prefill import PrefillModel, device_ttft
+    from rope_kernels.prefill import PrefillModel, device_ttft
     from rope_kernels.study.devices import REPO_ROOT, data_line
     from rope_kernels.study.results import read_table, upsert_csv
     from rope_kernels.study.specs import ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV

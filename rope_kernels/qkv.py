@@ -17,9 +17,9 @@ Backends:
 the frequencies only, built once per forward and shared by every layer: the patch
 coordinates, Kimi's frequencies, the cos/sin table where a backend reads one, the
 CuTe kernel's per-pair turns, QuACK's position and frequency tables. What depends on the
-layer (W, b) is read at every call, so no update of a layer's parameters is missed; the
-bias-bearing pieces (the CuTe table's bias columns, QuACK's fp32 bias row) are rebuilt
-per call from b (one concatenation or cast on 3*H*D values).
+layer (W, b) is read at every call, so no update of a layer's parameters is missed: our
+kernels (CuTe, Triton) read W and b as operands, from their own memory, with nothing
+built per call; QuACK's fp32 bias row is cast from b per call (3*H*D values).
 
 Layer: above the kernels and the peers (it dispatches to both), beside ``variants``.
 """
@@ -163,10 +163,9 @@ def qkv_rope(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
         cfg = config if config is not None else qkv_cute.CuteQKVConfig()
         if not rotate:
             cfg = qkv_cute.CuteQKVConfig(**{**cfg.__dict__, "rotate": False})
-        table = qkv_cute.pair_table_with_bias(operands.pair_turns, b)
-        return qkv_cute.qkv_rope_linear_cute(x, w, table, operands.coords, heads=heads,
-                                             head_dim=head_dim, has_bias=b is not None,
-                                             config=cfg, out=out)
+        return qkv_cute.qkv_rope_linear_cute(x, w, b, operands.pair_turns, operands.coords,
+                                             heads=heads, head_dim=head_dim, config=cfg,
+                                             out=out)
     # quack
     check_no_autograd("qkv_rope(backend='quack')", x=x, w=w, b=b)
     if out is not None:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import rope_kernels  # noqa: E402
-from rope_kernels.kernels.checks import triton_interpreter_enabled  # noqa: E402
+from rope_kernels.kernels.switches import triton_interpreter_enabled  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and not triton_interpreter_enabled()
 

@@ -329,7 +329,7 @@ def test_the_built_aic_bundle_predicts_what_the_full_package_does(tmp_path):
             (site / entry.name).symlink_to(entry)
     script = (
         "import json, pandas as pd, aiconfigurator_core\n"
-        "from rope_kernels.model import prefill as P\n"
+        "from rope_kernels import prefill as P\n"
         "lat = pd.DataFrame([dict(variant='native', resolution='1024x1024', images=i, mode='eager',\n"
         "                         median_ms=1.0, vit_tokens=4 * 1369 * i) for i in (1, 16)])\n"
         "rows = pd.concat([P.ttft_rows(lat, text_tokens=200, hand=P.PrefillModel(),\n"

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rope_kernels.model.config import EncoderConfig
+from rope_kernels.encoder_config import EncoderConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = EncoderConfig(hidden=128, heads=8, layers=2, mlp=64, text_hidden=48, pos_grid=8)

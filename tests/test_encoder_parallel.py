@@ -1,5 +1,5 @@
 """The encoder parallel modes (issue 42): one GPU's shard, the modelled collectives, vLLM's
-chunked prefill, and the rows they give (model/encoder_parallel.py, model/prefill.py)."""
+chunked prefill, and the rows they give (encoder_parallel.py, prefill.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from rope_kernels.model import encoder_parallel as ep
-from rope_kernels.model import prefill as pf
-from rope_kernels.model.config import EncoderConfig
-from rope_kernels.model.prefill import PrefillModel
+from rope_kernels import encoder_parallel as ep
+from rope_kernels import prefill as pf
+from rope_kernels.encoder_config import EncoderConfig
+from rope_kernels.prefill import PrefillModel
 
 
 @pytest.mark.parametrize("mode", ["tp4", "TP8", "", None, 8, "weights"])

@@ -80,7 +80,7 @@ def test_availability_checks_at_a_head_dim_flashinfer_rotates(monkeypatch):
 
 def test_installed_cuda_peer_checks_the_shape_it_is_given(monkeypatch):
     import rope_kernels.correctness as correctness
-    import rope_kernels.kernels.checks as checks
+    import rope_kernels.kernels.switches as switches
     from rope_kernels.peers.cache import installed_cuda_peer
 
     seen = {}
@@ -90,7 +90,7 @@ def test_installed_cuda_peer_checks_the_shape_it_is_given(monkeypatch):
         return check_variant(fn, **{**kwargs, "device": "cpu"})
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(checks, "triton_interpreter_enabled", lambda: False)
+    monkeypatch.setattr(switches, "triton_interpreter_enabled", lambda: False)
     monkeypatch.setattr(correctness, "check_variant", check)
     assert installed_cuda_peer("torch", "torch", "x", native_rope, inplace=False, tokens=5,
                                heads=3, head_dim=128) == (True, "")

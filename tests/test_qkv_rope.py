@@ -8,6 +8,7 @@ kernels need an sm_90 GPU: the GPU tier of test_qkv_cute / test_quack_gemm runs 
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rope_kernels.kernels import qkv_cute
 from rope_kernels.kernels.freqs import vision_freqs_cis, vision_patch_coords, vision_rope_frequencies
@@ -73,26 +74,66 @@ def test_auto_is_triton_without_an_sm90_gpu_and_coords_build_operands():
                                      head_dim=HEAD_DIM, backend="triton"))
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the torch operators run inside it (any tensor built, viewed or cast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+BIAS_EDITS = {
+    "bias.data.add_": lambda lin: lin.bias.data.add_(1.0),
+    "bias.data.copy_": lambda lin: lin.bias.data.copy_(torch.arange(lin.bias.numel()) * 0.5),
+    "in place under no_grad": lambda lin: lin.bias.add_(1.0),
+    "a new bias Parameter": lambda lin: setattr(lin, "bias", torch.nn.Parameter(lin.bias + 1.0)),
+    "weight.data.mul_": lambda lin: lin.weight.data.mul_(2.0),
+}
+
+
 @pytest.mark.parametrize("epilogue", ["rope", "none"])
-def test_cute_backend_gets_the_current_bias_and_the_epilogue(monkeypatch, epilogue):
-    """``backend="cute"``: the per-pair table with the bias as it is at this call (an edit
-    through .data between two calls is seen), the rotation compiled out for
-    ``epilogue="none"`` (the encoder's gemm_epilogue_cute_norot)."""
+@pytest.mark.parametrize("edit", list(BIAS_EDITS))
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_cute_backend_reads_bias_and_weight_as_operands(monkeypatch, epilogue, edit, mode):
+    """``backend="cute"``: the kernel gets the layer's own W and b (their memory, as they
+    are at this call: an edit through .data, in place, under inference mode or a new
+    Parameter between two calls is seen) and the per-forward turns, with no torch
+    operator run per call (the per-call bias join of issue 44 ran one); the rotation is
+    compiled out for ``epilogue="none"`` (the encoder's gemm_epilogue_cute_norot)."""
     calls = []
     monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute",
-                        lambda x, w, table, coords, **kw: calls.append((table, kw)) or x)
-    x, w, b, _ = make_problem("cpu", seed=0)
-    ops = _operands("cute")
-    for step in range(2):
-        with torch.no_grad():
-            qkv_rope(x, w, b, ops, heads=HEADS, head_dim=HEAD_DIM, backend="cute",
-                     epilogue=epilogue)
-        expected = qkv_cute.rope_pair_table(HEADS, HEAD_DIM, vision_rope_frequencies(HEAD_DIM), b)
-        table, kw = calls[-1]
-        assert torch.equal(table, expected), step
-        assert kw["config"].rotate == (epilogue == "rope") and kw["has_bias"]
-        b.data.add_(1.0)
-    assert not torch.equal(calls[0][0], calls[1][0])
+                        lambda x, w, b, turns, coords, **kw: calls.append((w, b, turns, kw)) or x)
+    guard = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with guard():
+        lin = torch.nn.Linear(HIDDEN, 3 * HEADS * HEAD_DIM).to(torch.bfloat16)
+        x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16)
+        ops = _operands("cute")
+        seen = []
+        for step in range(2):
+            if step:
+                BIAS_EDITS[edit](lin)
+            with _OpCounter() as counter:
+                qkv_rope(x, lin.weight, lin.bias, ops, heads=HEADS, head_dim=HEAD_DIM,
+                         backend="cute", epilogue=epilogue)
+            assert counter.ops == [], counter.ops
+            w, b, turns, kw = calls[-1]
+            assert w is lin.weight and b is lin.bias and turns is ops.pair_turns
+            assert kw["config"].rotate == (epilogue == "rope")
+            seen.append((w.clone(), b.clone()))
+    assert not (torch.equal(seen[0][0], seen[1][0]) and torch.equal(seen[0][1], seen[1][1]))
+
+
+def test_cute_backend_without_bias_passes_none(monkeypatch):
+    calls = []
+    monkeypatch.setattr(qkv_cute, "qkv_rope_linear_cute",
+                        lambda x, w, b, turns, coords, **kw: calls.append(b) or x)
+    x, w, _, _ = make_problem("cpu", seed=0)
+    qkv_rope(x, w, None, _operands("cute"), heads=HEADS, head_dim=HEAD_DIM, backend="cute")
+    assert calls == [None]
 
 
 def test_quack_backend_absent_says_why(monkeypatch):

@@ -419,3 +419,21 @@ def test_a_successful_run_removes_an_earlier_failures_notebook(tmp_path, monkeyp
     with pytest.raises(RuntimeError):
         execute_notebook(tmp_path / "a.ipynb", report, {}, cwd=tmp_path)
     assert failed.exists() and report.read_text() == '{"ran": true}'
+
+
+def test_one_device_rule_for_the_runner_and_the_notebooks(monkeypatch):
+    """The runner and notebook_setup use the one resolve_device: on a ROCm box 'cuda' is
+    refused by both (notebook_setup took it before and returned a 'cuda' kind), and
+    notebook_setup returns the torch device of the kind."""
+    from rope_kernels.study import notebooks, runner
+
+    assert runner.resolve_device is devices.resolve_device is notebooks.resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.4.1", raising=False)
+    monkeypatch.setattr(notebooks, "report_display", lambda: None)
+    with pytest.raises(RuntimeError, match="device cuda was asked for, but this machine has a rocm GPU"):
+        notebooks.notebook_setup("cuda")
+    assert notebooks.notebook_setup("auto") == ("rocm", torch.device("cuda"))
+    assert notebooks.notebook_setup("cpu") == ("cpu", torch.device("cpu"))
+    with pytest.raises(ParameterError, match="device must be auto, cpu, cuda or rocm"):
+        notebooks.notebook_setup("tpu")

@@ -1,6 +1,7 @@
 """``submit`` against a real Slurm: munged, slurmctld and slurmd for one node on
-loopback, started here (Debian's slurm-wlm and munge, installed if missing) and
-stopped at the end whatever happens.
+loopback, started here (Debian's slurm-wlm and munge: never installed here; absent, the
+test skips saying what to install, or fails under ROPE_REQUIRE_SLURM=1, which .ci/run sets
+after installing them) and stopped at the end whatever happens.
 
 A CPU-profile study goes in as a 4-task array (02 in two shape families, 04 in
 two resolutions) plus the summary job; one task is killed with scancel while
@@ -31,7 +32,8 @@ from rope_kernels.study.results import ENCODER_LATENCY_KEY, MICROBENCH_KEY
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch")
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd",
+           "/usr/bin/sbatch")  # mungekey: the fixture makes its key with it
 # What a task needs of the checkout (data/ and reports/ start empty but for the reference data).
 COPIED = ("rope_kernels", "notebooks", "params", "data/reference", "pyproject.toml")
 # Tiny shards: each task is seconds of work under the Triton interpreter (plus the start-up
@@ -60,6 +62,18 @@ def _slurm_missing() -> str | None:
     if os.environ.get("ROPE_REQUIRE_SLURM") == "1":
         pytest.fail(why)
     return why
+
+
+def test_absent_slurm_skips_saying_what_to_install_or_fails_where_required(monkeypatch):
+    """Nothing is installed: an absent tool is a skip naming the packages, or a failure
+    under ROPE_REQUIRE_SLURM=1 (.ci/run sets it where apt-get could install them)."""
+    monkeypatch.setattr(sys.modules[__name__], "DAEMONS", ("/nonexistent/slurmd",))
+    monkeypatch.delenv("ROPE_REQUIRE_SLURM", raising=False)
+    why = _slurm_missing()
+    assert "/nonexistent/slurmd" in why and "slurm-wlm" in why
+    monkeypatch.setenv("ROPE_REQUIRE_SLURM", "1")
+    with pytest.raises(pytest.fail.Exception, match="slurm-wlm"):
+        _slurm_missing()
 
 
 def _free_port() -> int:

@@ -113,7 +113,8 @@ def test_result_files_are_declared_and_unique_by_key(path):
     ("03_profile.variants=[3]", "unknown variant 3"),
     ("04_ttft.variants=[]", "04_ttft.variants must not be empty"),
     ("04_ttft.variants=[none, nonesuch]", "unknown variant 'nonesuch'"),
-    ("01_kernels.variants=[gemm_epilogue]", "unknown variant 'gemm_epilogue'"),  # encoder only
+    ("02_microbench.variants=[gemm_epilogue]", "unknown variant 'gemm_epilogue'"),  # encoder only
+    ("01_kernels.variants=[gemm_epilogue, nonesuch]", "unknown variant 'nonesuch'"),  # 01 checks encoder modes too
     ("04_ttft.max_tokens=1", "max_tokens=1 leaves no bucket"),
     ("qkv_tokens=[0]", "must hold ints >= 1"),
     ("qkv_compile_budget_s=-1", "must be >= 0"),

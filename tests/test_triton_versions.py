@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rope_kernels.kernels.checks import triton_interpreter_enabled
+from rope_kernels.kernels.switches import triton_interpreter_enabled
 
 pytestmark = pytest.mark.skipif(not triton_interpreter_enabled(),
                                 reason="the interpreter's masks (compiled kernels type them as i1)")

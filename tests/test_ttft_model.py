@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rope_kernels.model.prefill import (PrefillModel, add_ttft, llm_prompt_tokens,
+from rope_kernels.prefill import (PrefillModel, add_ttft, llm_prompt_tokens,
                                            rope_saving_pct_of_ttft)
 
 
@@ -120,7 +120,7 @@ def test_the_modelled_columns_are_the_ones_results_declares():
 
 # -- the prefill from aiconfigurator-core, the TTFT rows per encoder policy ------------------
 
-from rope_kernels.model import prefill as pf  # noqa: E402
+from rope_kernels import prefill as pf  # noqa: E402
 
 needs_aic = pytest.mark.skipif(not pf.aiconfigurator_version(),
                                reason="aiconfigurator-core (the ttft extra) is not installed")

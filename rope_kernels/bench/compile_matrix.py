@@ -231,7 +231,7 @@ def recorded_launch(entry: KernelEntry, tokens: int, heads: int, head_dim: int, 
     module = importlib.import_module(entry.module)
     kernel = getattr(module, entry.kernel)
     recorder = _LaunchRecorder()
-    from rope_kernels.kernels.checks import recording_launches
+    from rope_kernels.kernels.switches import recording_launches
 
     with mock.patch.object(module, entry.kernel, recorder), recording_launches():
         entry.launch(tokens, heads, head_dim, getattr(torch, dtype))

@@ -1,7 +1,11 @@
 """Float64 correctness rows for everything the study can time: every registered
-variant on every dtype and shape (``correctness.check_variant``), and, for every
-peer the registry knows that cannot run here, rows that say so and why. A peer
-never silently drops out of ``correctness.csv``."""
+variant on every dtype and shape (``correctness.check_variant``), every encoder-only
+RoPE mode (``vocabulary.ENCODER_ONLY_ROPE``: the QKV projection with q and k rotated in
+its epilogue, its rotation-free floor, no RoPE) the encoder benchmark times
+(``encoder_mode_rows``), and, for every peer or mode that cannot run here, rows that say
+so and why. Nothing the encoder or the microbenchmark times silently drops out of
+``correctness.csv`` (issue 44: ``gemm_epilogue_cute_norot`` had encoder rows and none
+here)."""
 
 from __future__ import annotations
 
@@ -33,22 +37,112 @@ def absent_rows(status: list[dict], dtypes, shapes) -> list[dict]:
     return rows
 
 
+def sweep_names(names, status: list[dict]) -> list[str]:
+    """The variants ``correctness_rows(names, ...)`` covers: ``names``, or where empty every
+    registered variant, every peer the registry knows (``status``) and every encoder-only
+    RoPE mode: all the microbenchmark and the encoder benchmark can time."""
+    from rope_kernels.variants import VARIANTS
+    from rope_kernels.vocabulary import ENCODER_ONLY_ROPE
+
+    absent = [s["name"] for s in status if not s["available"] and s["name"] not in VARIANTS]
+    return list(names) or list(VARIANTS) + absent + list(ENCODER_ONLY_ROPE)
+
+
+def _row(name, tokens, heads, head_dim, dtype, **fields) -> dict:
+    base = dict(variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
+                dtype=str(dtype).removeprefix("torch."), packed=True, max_abs_err=math.nan,
+                rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
+                inputs_intact=True, passed=False, supported=False)
+    return CheckResult(**{**base, **fields}).as_dict()
+
+
+def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = None,
+                      why_absent: str = "") -> list[dict]:
+    """Rows of encoder-only RoPE mode ``mode`` on every dtype and shape: a QKV-epilogue mode
+    (``model.vit.GEMM_EPILOGUE_MODES``) is ``qkv.qkv_rope`` with the mode's backend and
+    epilogue on x (T, hidden), W, b drawn fresh (hidden: heads x head_dim rounded up to 64,
+    TMA's rows), against float64: rotated q/k and v for a rotating mode, the plain
+    projection for a rotation-free floor, with the QKV benchmark's tolerance (twice the
+    native path's own error in that dtype); inputs checked unchanged. Checked at the
+    encoder's head_dim (Kimi's 72) only: the CuTe and QuACK kernels compile once per weight
+    shape, and the encoder runs no other. ``none`` (no RoPE), modes absent here
+    (``why_absent``), other head_dims and dtypes the GEMM does not take get a row saying why
+    (not run)."""
+    import torch
+
+    from rope_kernels.bench import qkv_bench as qb
+    from rope_kernels.correctness import new_seed
+    from rope_kernels.kernels.checks import GEMM_DTYPES
+    from rope_kernels.model.vit import GEMM_EPILOGUE_MODES
+    from rope_kernels.qkv import qkv_rope, qkv_rope_operands
+    from rope_kernels.vocabulary import KIMI_HEAD_DIM
+
+    rows = []
+    for dt in dtypes:
+        for tokens, heads, head_dim in shapes:
+            at = (mode, tokens, heads, head_dim, dt)
+            if why_absent:
+                rows.append(_row(*at, reason=ABSENT + why_absent))
+                continue
+            if mode not in GEMM_EPILOGUE_MODES:
+                rows.append(_row(*at, reason="no RoPE: the encoder's floor (nothing rotated to "
+                                             "check)"))
+                continue
+            if head_dim != KIMI_HEAD_DIM:
+                rows.append(_row(*at, reason=f"not checked at head_dim {head_dim}: the encoder "
+                                             f"runs at Kimi's {KIMI_HEAD_DIM} only"))
+                continue
+            if dt not in GEMM_DTYPES:
+                rows.append(_row(*at, reason="the QKV GEMM takes bfloat16/float16 only"))
+                continue
+            backend, epilogue = GEMM_EPILOGUE_MODES[mode]
+            hidden = -(-heads * head_dim // 64) * 64
+            s = new_seed() if seed is None else seed
+            a = qb.make_args(tokens, hidden, heads, head_dim, device, seed=s, dtype=dt)
+            before = [a[k].clone() for k in ("x", "w", "b")]
+            ops = qkv_rope_operands(a["coords"], heads=heads, head_dim=head_dim, backend=backend)
+            with torch.no_grad():
+                out = qkv_rope(a["x"], a["w"], a["b"], ops, heads=heads, head_dim=head_dim,
+                               backend=backend, epilogue=epilogue)
+            rotated, unrotated, scale = qb.references(a, heads, head_dim)
+            reference, native = rotated if epilogue == "rope" else unrotated
+            checked = qb._error(out, reference, native, scale)
+            intact = all(torch.equal(t, a[k]) for t, k in zip(before, ("x", "w", "b")))
+            ref = torch.cat([r.reshape(-1) for r in reference])
+            got = out.double().unbind(1)
+            rel = (torch.cat([g.reshape(-1) for g in got]) - ref).norm().item() / ref.norm().item()
+            rows.append(_row(*at, max_abs_err=checked["max_abs_err"], rel_err=rel,
+                             native_max_abs_err=native, tolerance=checked["error_tolerance"],
+                             inputs_intact=intact, passed=checked["matches_float64"] and intact,
+                             supported=True, seed=s,
+                             reason="" if epilogue == "rope" else
+                             "rotation compiled out: checked against the plain projection"))
+    return rows
+
+
 def correctness_rows(names, dtypes, shapes, *, device, seed: int | None = None,
                      status: list[dict] | None = None) -> list[dict]:
-    """``check_variant`` of every named variant on every dtype and shape, and rows
-    saying why each named peer that cannot run here did not. Empty ``names``: every
-    registered variant and every peer the registry knows (``peer_status()``),
-    available or not. ``dtypes``: names or torch dtypes; ``shapes``: [tokens, heads,
+    """``check_variant`` of every named variant on every dtype and shape, the encoder-only
+    modes' rows (``encoder_mode_rows``), and rows saying why each named peer or mode that
+    cannot run here did not. Empty ``names``: ``sweep_names`` (every registered variant,
+    every peer the registry knows (``peer_status()``), available or not, every
+    encoder-only mode). ``dtypes``: names or torch dtypes; ``shapes``: [tokens, heads,
     head_dim] triples; ``seed``: the inputs' seed (None: a fresh one per check)."""
     from rope_kernels.bench.microbench import parse_dtype
-    from rope_kernels.variants import VARIANTS, get_variant, peer_status
+    from rope_kernels.variants import VARIANTS, encoder_only_absent, get_variant, peer_status
+    from rope_kernels.vocabulary import ENCODER_ONLY_ROPE
 
     status = peer_status() if status is None else status
     absent = {s["name"]: s for s in status if not s["available"]}
-    names = list(names) or list(VARIANTS) + [n for n in absent if n not in VARIANTS]
+    names = sweep_names(names, status)
     dts = [parse_dtype(d) for d in dtypes]
+    modes_absent = encoder_only_absent() if set(names) & set(ENCODER_ONLY_ROPE) else {}
     rows = []
     for name in names:
+        if name in ENCODER_ONLY_ROPE:
+            rows += encoder_mode_rows(name, dts, shapes, device=device, seed=seed,
+                                      why_absent=modes_absent.get(name, ""))
+            continue
         if name in absent and name not in VARIANTS:
             rows += absent_rows([absent[name]], dts, shapes)
             continue

@@ -1,7 +1,7 @@
 """The vision encoder over several GPUs with ``torch.distributed`` (issue 45): tp and dp for real.
 
 Notebook 04 times one GPU's share of the encoder and models the collectives (``comm_ms``,
-``model/encoder_parallel.py``). This runner runs the modes over a real process group and
+``encoder_parallel.py``). This runner runs the modes over a real process group and
 measures the collectives from their own timing (CUDA events around each collective on a GPU,
 the wall clock on a CPU):
 
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from rope_kernels.model.config import EncoderConfig
-from rope_kernels.model.encoder_parallel import gpu_images, layer_gemms
+from rope_kernels.encoder_config import EncoderConfig
+from rope_kernels.encoder_parallel import gpu_images, layer_gemms
 from rope_kernels.model.vit import MoonViTEncoder, encoder_inputs, pick_attention
 
 MODES = ("tp", "dp")

@@ -272,9 +272,8 @@ class TilesConfig:
 # CUDA graphs, 7 shapes from 256 x 3 x 128 to 65536 x 16 x 72, block_t x
 # block_h x num_warps swept; data/nvidia-h200/fused_configs.csv): the fastest
 # tiles held 1-2 KB of q, about one 16-byte vector per thread, i.e. many small
-# programs rather than few large ones. This rule picks the fastest config on 4
-# of the 7 shapes and is within 1.6% on the others at 8192 tokens and more; at
-# 256 tokens (latency-bound, 2 us) a smaller tile would be 6% faster.
+# programs rather than few large ones. How close the rule comes to the fastest
+# config per shape: docs/DECISIONS.md ("The tiles kernel's tile rule").
 TILE_BYTES = 2048
 MAX_BLOCK_H = 16
 

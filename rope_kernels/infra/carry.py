@@ -268,7 +268,7 @@ AIC_WHEEL = PinnedPeerWheel("aiconfigurator-core", "0.12.0",
                             "aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl",
                             "aadc4aad0a00bf8a61c477c62bef43de479849c3aa0b1c3078068e08309eccc4")
 # the lent GPUs, as aiconfigurator names them: an H100 SXM (most often) or an H200 SXM; the
-# prefill takes the tables of the GPU that timed the encoder (model/prefill.aic_system)
+# prefill takes the tables of the GPU that timed the encoder (prefill.aic_system)
 AIC_SYSTEMS = ("h100_sxm", "h200_sxm")
 AIC_DATA = "aiconfigurator_core/systems/data/"
 # call C carries bundle c beside the checkout (about 6 MB) and .peers (about 9 MB): 64 MiB in all

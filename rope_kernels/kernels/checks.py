@@ -3,25 +3,22 @@
 Each check raises ``TypeError`` (wrong kind of thing) or ``ValueError`` (right
 kind, wrong value) with a message that names the argument, so bad input never
 reaches a Triton kernel, where it would crash or silently compute garbage.
+The runtime switches the checks consult (Triton's interpreter, launch recording)
+are in ``switches.py``, imported first: it makes the interpreter decision before
+any Triton kernel is defined.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from collections.abc import Sequence
 
 import torch
 
-from rope_kernels.kernels.interpreter import use_interpreter_without_gpu
-
-# Before Triton is first imported here, and so before the first @triton.jit (here, in every
-# module that imports this one, and in triton.language's own standard library, whose jitted
-# helpers such as tl.interleave a peer's kernel calls): Triton picks compiler or interpreter
-# at definition time.
-use_interpreter_without_gpu()
-
-import triton  # noqa: E402  (after the interpreter decision above)
+from rope_kernels.kernels.switches import (  # noqa: F401  (before any kernel: the interpreter decision)
+    launches_recorded,
+    recording_launches,
+    triton_interpreter_enabled,
+)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -238,23 +235,9 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
                if abs(delta_bytes - d * size) < size)
 
 
-_RECORDING_LAUNCHES = contextvars.ContextVar("rope_kernels_recording_launches", default=False)
-
-
-@contextlib.contextmanager
-def recording_launches():
-    """Launchers may be called on ``meta`` tensors inside this block: the compile
-    matrix swaps each kernel for a recorder of its arguments, so nothing runs."""
-    token = _RECORDING_LAUNCHES.set(True)
-    try:
-        yield
-    finally:
-        _RECORDING_LAUNCHES.reset(token)
-
-
 def check_not_meta(x: torch.Tensor, what: str) -> None:
     """``meta`` tensors (shapes without data) are refused except while launches are recorded."""
-    if x.device.type == "meta" and not _RECORDING_LAUNCHES.get():
+    if x.device.type == "meta" and not launches_recorded():
         raise ValueError(f"{what} got meta tensors (shapes without data): there is nothing "
                          "to read or write; pass tensors on a GPU (or on the CPU with "
                          "TRITON_INTERPRET=1)")
@@ -269,19 +252,6 @@ def check_triton_device(x: torch.Tensor, what: str) -> None:
             f"{what} runs a Triton kernel and got CPU tensors; use a GPU "
             "(CUDA or ROCm) or set TRITON_INTERPRET=1 before rope_kernels.kernels is imported"
         )
-
-
-@triton.jit
-def _probe_kernel():
-    pass
-
-
-def triton_interpreter_enabled() -> bool:
-    """True when Triton kernels are built for its CPU interpreter (TRITON_INTERPRET=1).
-
-    Asks Triton itself, through a kernel defined here, so this module needs no
-    import of the kernels it guards (no import circle)."""
-    return type(_probe_kernel).__name__ == "InterpretedFunction"
 
 
 def packed_qkv_of(xq: torch.Tensor, xk: torch.Tensor, who: str = "vllm_packed_qk") -> torch.Tensor:

@@ -24,8 +24,9 @@ Triton 3.6 chooses between its compiler and its interpreter when a ``@triton.jit
 function is *defined* (``triton/runtime/jit.py`` reads ``TRITON_INTERPRET``
 in the decorator), not when it is launched. ``use_interpreter_without_gpu()`` is
 therefore called before the first definition: at the top of
-``rope_kernels.kernels.checks``, which every module that defines or loads a Triton
-kernel (ours and the peers' files) imports first. ``import rope_kernels`` alone
+``rope_kernels.kernels.switches``, imported first by ``rope_kernels.kernels.checks``,
+which every module that defines or loads a Triton kernel (ours and the peers' files)
+imports first. ``import rope_kernels`` alone
 does not reach it.
 
 Triton 3.6's interpreter (TRITON_INTERPRET=1) converts fp32 to bf16 by cutting

@@ -2,9 +2,9 @@
 our own in CuTe DSL (``nvidia-cutlass-dsl``; optional, imported only when used).
 
 Why a second kernel beside ``qkv_gemm.py``'s Triton one: in the committed rows
-(``data/nvidia-h200/qkv_gemm.csv``) the Triton kernel with its rotation compiled out takes
-1.01-1.12x cuBLAS's time at 21,904-87,616 tokens and QuACK's plain GEMM 0.94x; what
-QuACK does differently (warp specialization on Hopper, the weight tile multicast over a
+(``data/nvidia-h200/qkv_gemm.csv``; notebook 05 and docs/DECISIONS.md give the ratios) the
+Triton kernel with its rotation compiled out is slower than cuBLAS at Kimi's token counts
+and QuACK's plain GEMM faster; what QuACK does differently (warp specialization on Hopper, the weight tile multicast over a
 cluster) is not expressible in Triton 3.6 (``docs/DECISIONS.md``). This kernel is built from CUTLASS's own
 primitives (TMA atoms, WGMMA, mbarrier pipelines, the static persistent tile scheduler),
 run from the installed package; the kernel and its epilogue are ours:
@@ -18,120 +18,29 @@ run from the installed package; the kernel and its epilogue are ours:
   consumer warp groups in ping-pong: each owns every other tile of the CTA's persistent
   sequence, so one group's epilogue runs under the other's mainloop; their mainloops
   take turns (two mbarriers), which the stage ring's parity waits need to be right.
-- epilogue: bias and rotation on the fp32 accumulator in registers (angles in turns
-  from each token's patch (row, column) and a per-pair table, ``rope_pair_table``;
+- epilogue: bias and rotation on the fp32 accumulator in registers (the bias read from
+  the layer's own vector, an operand of the kernel like x and W; angles in turns
+  from each token's patch (row, column) and a per-pair table, ``rope_pair_turns``;
   reduced to [-1/2, 1/2] turn and taken by the SFU's cos/sin.approx, as the Triton
   kernel's ``_cos_sin_of``), then bf16/fp16 through shared memory to TMA stores in
   (64, ``store_cols``) subtiles. Tiles wholly in v (columns >= 2*H*D) skip the rotation.
 
-This module is torch-only (config, table, checks, launch, the compile cache); the kernel
-class is in ``qkv_cute_kernel.py``, which imports CuTe DSL and is imported only when a
-kernel is first compiled. Its H200 times (with the rotation and compiled out, beside
+This module is torch-only (table, checks, launch, the compile cache); the launch settings
+(``CuteQKVConfig``) and the tile constants are in ``qkv_cute_config.py`` (neither torch nor
+CuTe DSL), the kernel class in ``qkv_cute_kernel.py``, which imports CuTe DSL and is
+imported (by ``compile_kernel`` only) when a kernel is first compiled: the launcher imports
+the kernel module, never the reverse. Its H200 times (with the rotation and compiled out, beside
 cuBLAS and QuACK) are the study's rows in ``data/nvidia-h200/qkv_gemm.csv`` (notebook 05).
 """
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
-from rope_kernels.kernels.checks import (check_bool, check_no_autograd, check_positive_int,
+from rope_kernels.kernels.checks import (check_no_autograd, check_positive_int,
                                          check_qkv_operands, check_qkv_out)
-
-TILE_M = 128          # one consumer warp group's tile: two m64 WGMMA rows
-TILE_K = 64           # 128 bytes of bf16: the 128-byte swizzle
-EPI_STAGES = 2       # shared-memory store buffers per consumer warp group
-SMEM_BYTES = 232448  # sm_90's shared memory a block may use (227 KB)
-
-
-@dataclass(frozen=True)
-class CuteQKVConfig:
-    """Launch settings of ``qkv_rope_linear_cute``.
-
-    The default, 192x2 (192-column tiles, W multicast over 2 CTAs along M, 64-column
-    stores), is the fastest of the three configs notebook 05 swept in the committed run
-    (``data/exploration/nvidia-h200/qkv_gemm_sweep.csv``, H200, Kimi 1152 -> 3 x 16 x 72): 228.9 /
-    446.1 / 881.0 us at 21,904 / 43,808 / 87,616 tokens, against 232.2 / 451.6 / 892.8
-    with 32-column stores and 232.5 / 461.5 / 908.4 at 160x2 (ptxas 13.0 reports 24 bytes
-    of spill stores for the 64-column stores, none for the 32-column ones: the faster one
-    is kept)."""
-    tile_n: int = 192       # columns a tile (Kimi's 3456 = 18 tiles; q|k = the first 12)
-    cluster_m: int = 2      # CTAs along M sharing (multicasting) one W tile: 1 or 2
-    epi_n: int = 0          # columns of one epilogue store subtile; 0: the widest of 64, 32
-                            # and 16 that divides tile_n (64 measured fastest at 192)
-    stages: int = 0         # shared-memory stages of (x, W) k-tiles; 0: as many as fit
-    rotate: bool = True     # False: rotation compiled out (benchmarks only)
-    consumers: int = 2      # consumer warp groups taking turns (2: ping-pong; 1: one)
-    raster_m: bool = False  # tile order: False walks N first (a row block of x stays in L2
-                            # while every W tile passes), True walks M first
-
-    @classmethod
-    def parse(cls, spec: str) -> "CuteQKVConfig":
-        """``tile_n x cluster_m`` with optional ``/e<epi_n>``, ``/s<stages>``, ``/c1`` (one
-        consumer group), ``/m`` (raster along M): e.g. ``192x2``, ``160x1/e32/m``."""
-        head, *opts = spec.strip().split("/")
-        try:
-            n, m = (int(v) for v in head.split("x"))
-        except ValueError:
-            raise ValueError(f"CuTe config {spec!r}: expected tile_n x cluster_m, e.g. 192x2")
-        kw = {"tile_n": n, "cluster_m": m}
-        for o in opts:
-            if o == "m":
-                kw["raster_m"] = True
-            elif o[:1] in ("e", "s", "c") and o[1:].isdigit():
-                kw[{"e": "epi_n", "s": "stages", "c": "consumers"}[o[0]]] = int(o[1:])
-            else:
-                raise ValueError(f"CuTe config {spec!r}: unknown option {o!r}")
-        return cls(**kw)
-
-    @property
-    def label(self) -> str:
-        d = CuteQKVConfig()
-        opts = "".join(f"/{k}{getattr(self, n)}" for k, n in (("e", "epi_n"), ("s", "stages"),
-                                                                ("c", "consumers"))
-                       if getattr(self, n) != getattr(d, n))
-        return f"{self.tile_n}x{self.cluster_m}{opts}{'/m' if self.raster_m else ''}"
-
-    def __post_init__(self):
-        for name in ("tile_n", "cluster_m", "epi_n", "stages"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"CuteQKVConfig.{name} must be an int, got {type(v).__name__}")
-        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
-            raise ValueError(f"CuteQKVConfig.tile_n must be a multiple of 16 in 16..256, "
-                             f"got {self.tile_n}")
-        if self.cluster_m not in (1, 2):
-            raise ValueError(f"CuteQKVConfig.cluster_m must be 1 or 2, got {self.cluster_m}")
-        if self.epi_n not in (0, 16, 32, 64) or (self.epi_n and self.tile_n % self.epi_n):
-            raise ValueError(f"CuteQKVConfig.epi_n must be 0 (auto), or 16, 32 or 64 dividing "
-                             f"tile_n ({self.tile_n}), got {self.epi_n}")
-        if self.stages < 0 or self.stages == 1:
-            raise ValueError(f"CuteQKVConfig.stages must be 0 (as many as fit) or >= 2, "
-                             f"got {self.stages}")
-        if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
-            raise ValueError(f"CuteQKVConfig.consumers must be 1 or 2, got {self.consumers!r}")
-        for name in ("rotate", "raster_m"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"CuteQKVConfig.{name} must be a bool")
-
-    @property
-    def store_cols(self) -> int:
-        """Columns of one epilogue store subtile (``epi_n``, or its automatic choice)."""
-        return self.epi_n or next(c for c in (64, 32, 16) if self.tile_n % c == 0)
-
-    def ab_stages(self, elem_bytes: int = 2) -> int:
-        """The (x, W) stages that fit beside the epilogue buffers (or ``stages``)."""
-        per_stage = (TILE_M + self.tile_n) * TILE_K * elem_bytes
-        epi = 2 * EPI_STAGES * 64 * self.store_cols * elem_bytes
-        fit = (SMEM_BYTES - epi - 1024) // per_stage
-        if self.stages:
-            if self.stages > fit:
-                raise ValueError(f"CuteQKVConfig.stages={self.stages} does not fit: at most "
-                                 f"{fit} stages of {per_stage} bytes at tile_n={self.tile_n}")
-            return self.stages
-        return fit
-
+from rope_kernels.kernels.qkv_cute_config import CuteQKVConfig  # noqa: F401  (the launcher's settings)
 
 def available() -> bool:
     """Whether CuTe DSL imports here (the kernel itself also needs an sm_90 GPU)."""
@@ -167,10 +76,10 @@ def availability(device=None) -> tuple[bool, str]:
     return True, ""
 
 
-def rope_pair_table(heads: int, head_dim: int, freqs: torch.Tensor,
-                    bias: torch.Tensor | None) -> torch.Tensor:
-    """(3*H*D/2, 4) fp32, one row per column pair p of the packed (q | k | v) row:
-    [turns per patch row, turns per patch column, bias of column 2p, bias of 2p+1].
+def rope_pair_turns(heads: int, head_dim: int, freqs: torch.Tensor) -> torch.Tensor:
+    """(3*H*D/2, 2) fp32, one row per column pair p of the packed (q | k | v) row:
+    [turns per patch row, turns per patch column]. A function of the frequencies only,
+    not of the layer: built once per forward (``qkv.qkv_rope_operands``).
 
     Kimi's 2D RoPE: within a head, pair j = 2i turns by column * f_i and pair 2i+1 by
     row * f_i (``vision_rope_frequencies``; the Triton kernel's ``_cos_sin``); the
@@ -188,72 +97,56 @@ def rope_pair_table(heads: int, head_dim: int, freqs: torch.Tensor,
     zero = torch.zeros((), dtype=torch.float64, device=dev)
     row = torch.where(j % 2 == 1, turns[j // 2], zero)  # odd pairs: the patch row
     col = torch.where(j % 2 == 0, turns[j // 2], zero)  # even pairs: the patch column
-    table = torch.zeros(3, heads, pairs, 4, dtype=torch.float64, device=dev)
+    table = torch.zeros(3, heads, pairs, 2, dtype=torch.float64, device=dev)
     table[:2, :, :, 0] = row
     table[:2, :, :, 1] = col
-    if bias is not None:
-        if tuple(bias.shape) != (3 * heads * head_dim,):
-            raise ValueError(f"bias must have shape (3*heads*head_dim,) = ({3 * heads * head_dim},), "
-                             f"got {tuple(bias.shape)}")
-        table[..., 2:] = bias.detach().to(device=dev, dtype=torch.float64).view(3, heads, pairs, 2)
-    return table.view(3 * heads * pairs, 4).to(torch.float32)
+    return table.view(3 * heads * pairs, 2).to(torch.float32)
 
 
-
-def rope_pair_turns(heads: int, head_dim: int, freqs: torch.Tensor) -> torch.Tensor:
-    """The first two columns of ``rope_pair_table`` (turns per patch row and column of every
-    pair), fp32 (3*H*D/2, 2): they depend on the frequencies only, not on the layer."""
-    return rope_pair_table(heads, head_dim, freqs, None)[:, :2].contiguous()
+BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def pair_table_with_bias(turns: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``rope_pair_table`` from ``rope_pair_turns`` and the bias as it is now: one
-    concatenation (a bf16/fp16 bias is promoted to fp32 inside it), so it is built at every
-    call and cannot go stale, whatever happened to the bias (in place, through ``.data``,
-    under inference mode). It costs one launch on 3*H*D/2 x 4 floats (Kimi: 27 KB) beside
-    a GEMM of 0.23-0.88 ms at 21,904-87,616 tokens (``data/nvidia-h200/qkv_gemm.csv``); the
-    bias values are exact in fp32, so the table equals ``rope_pair_table``'s."""
-    if bias is None:
-        return torch.cat([turns, torch.zeros_like(turns)], dim=1)
-    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (2 * turns.shape[0],):
-        raise ValueError(f"bias must have shape (3*heads*head_dim,) = ({2 * turns.shape[0]},), "
-                         f"got {tuple(getattr(bias, 'shape', ()))}")
-    bias = bias.detach()
-    if bias.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        bias = bias.float()
-    return torch.cat([turns, bias.view(-1, 2).to(turns.device)], dim=1)
-
-
-# Compiled kernels, one per (config, dtype, W's shape, rotated columns, bias, clusters):
-# everything a compile depends on but the token count (a runtime value).
+# Compiled kernels, one per (config, dtype, W's shape, rotated columns, bias dtype or None,
+# clusters): everything a compile depends on but the token count (a runtime value).
 _COMPILED_KERNELS: dict = {}
 
 
-def _cute_tensor(t: torch.Tensor, dynamic_rows: bool):
+def _cute_tensor(t: torch.Tensor, dynamic_rows: bool, align: int = 16):
     from cutlass.cute.runtime import from_dlpack
-    ct = from_dlpack(t.detach(), assumed_align=16)
+    ct = from_dlpack(t.detach(), assumed_align=align)
     if dynamic_rows:
         ct = ct.mark_compact_shape_dynamic(mode=0, stride_order=(0, 1), divisibility=1)
     return ct
 
 
+def _bias_operand(bias: torch.Tensor | None, turns: torch.Tensor) -> torch.Tensor:
+    """The kernel's bias operand: the bias itself (a view of its memory, read at every
+    launch), or where there is none the turns' own memory, of the same length, which the
+    kernel compiled without bias never reads: nothing is built either way."""
+    return bias.detach() if bias is not None else turns.view(-1)
+
+
 def compile_kernel(cfg: CuteQKVConfig, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
-                   table: torch.Tensor, coords: torch.Tensor, rot_cols: int, has_bias: bool,
-                   max_active_clusters: int, stream=None):
+                   turns: torch.Tensor, bias: torch.Tensor | None, coords: torch.Tensor,
+                   rot_cols: int, max_active_clusters: int, stream=None):
     """Compile (or fetch) the kernel for these dtypes, widths and settings; the token
-    count is a runtime value. Tensors may live on the CPU: compiling needs no GPU
-    (``CUTE_DSL_ARCH=sm_90a`` names the target where there is none)."""
+    count is a runtime value. ``bias`` None compiles the kernel without bias. Tensors may
+    live on the CPU: compiling needs no GPU (``CUTE_DSL_ARCH=sm_90a`` names the target
+    where there is none)."""
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
 
     from rope_kernels.kernels.qkv_cute_kernel import KimiQKVRopeSm90
 
-    key = (cfg, x.dtype, tuple(w.shape), rot_cols, has_bias, max_active_clusters)
+    key = (cfg, x.dtype, tuple(w.shape), rot_cols, None if bias is None else bias.dtype,
+           max_active_clusters)
     if key not in _COMPILED_KERNELS:
-        kernel = KimiQKVRopeSm90(cfg, rot_cols, has_bias, x.element_size())
+        kernel = KimiQKVRopeSm90(cfg, rot_cols, bias is not None, x.element_size())
+        b = _bias_operand(bias, turns)
         _COMPILED_KERNELS[key] = cute.compile(
             kernel, _cute_tensor(x, True), _cute_tensor(w, False), _cute_tensor(out, True),
-            _cute_tensor(table, False), _cute_tensor(coords, True), max_active_clusters,
+            _cute_tensor(turns, False), _cute_tensor(b, False, b.element_size()),
+            _cute_tensor(coords, True), max_active_clusters,
             stream if stream is not None else cuda.CUstream(0))
     return _COMPILED_KERNELS[key]
 
@@ -268,12 +161,12 @@ def _max_clusters(cluster_m: int) -> int:
 def qkv_rope_linear_cute(
     x: torch.Tensor,
     w_qkv: torch.Tensor,
-    table: torch.Tensor,
+    b_qkv: torch.Tensor | None,
+    turns: torch.Tensor,
     coords: torch.Tensor,
     *,
     heads: int,
     head_dim: int,
-    has_bias: bool = True,
     config: CuteQKVConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -282,10 +175,11 @@ def qkv_rope_linear_cute(
     Args:
         x: (T, hidden) bf16/fp16, contiguous; hidden a multiple of 8.
         w_qkv: (3*H*D, hidden), contiguous, x's dtype (``nn.Linear``'s layout as is).
-        table: ``rope_pair_table(heads, head_dim, freqs, b_qkv)`` (or
-            ``pair_table_with_bias``): turns and the bias of every column pair.
+        b_qkv: (3*H*D,) contiguous fp32/bf16/fp16, or None: an operand of the kernel,
+            read from its own memory at every launch (nothing is built from it, and no
+            edit of it, in place or through ``.data``, can be missed).
+        turns: ``rope_pair_turns(heads, head_dim, freqs)``: the turns of every column pair.
         coords: int32 (T, 2) contiguous, each token's (row, column) in its patch grid.
-        has_bias: False skips the table's bias columns (a layer without bias).
         config: launch settings (``CuteQKVConfig()`` by default; ``rotate=False``: the
             plain projection, benchmarks only).
         out: optional preallocated (T, 3, H, D) contiguous output.
@@ -295,75 +189,50 @@ def qkv_rope_linear_cute(
     if not isinstance(cfg, CuteQKVConfig):
         raise TypeError(f"config must be a CuteQKVConfig, got {type(cfg).__name__}")
     check_positive_int("heads", heads)
-    check_bool("has_bias", has_bias)
-    check_qkv_operands(x, w_qkv, None, head_dim, heads)
-    for name, t in (("x", x), ("w_qkv", w_qkv), ("table", table), ("coords", coords)):
+    check_qkv_operands(x, w_qkv, b_qkv, head_dim, heads)
+    named = {"x": x, "w_qkv": w_qkv, "turns": turns, "coords": coords}
+    if b_qkv is not None:
+        named["b_qkv"] = b_qkv
+        if b_qkv.dtype not in BIAS_DTYPES:
+            raise TypeError(f"b_qkv must be float32, bfloat16 or float16 (the kernel reads it "
+                            f"as it is), got {b_qkv.dtype}")
+    for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_contiguous():  # the compiled kernel assumes compact rows
             raise ValueError(f"{name} must be contiguous")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
-    check_no_autograd("qkv_rope_linear_cute", x=x, w_qkv=w_qkv, table=table)
+    check_no_autograd("qkv_rope_linear_cute", x=x, w_qkv=w_qkv, b_qkv=b_qkv, turns=turns)
     n_cols = 3 * heads * head_dim
     if x.shape[1] % 8 or x.shape[0] < 1:
         raise ValueError(f"x must be (tokens >= 1, hidden) with hidden a multiple of 8 "
                          f"(16-byte TMA rows), got {tuple(x.shape)}")
-    if table.dtype != torch.float32 or tuple(table.shape) != (n_cols // 2, 4):
-        raise ValueError(f"table must be rope_pair_table's fp32 ({n_cols // 2}, 4), got "
-                         f"{table.dtype} {tuple(table.shape)}")
+    if turns.dtype != torch.float32 or tuple(turns.shape) != (n_cols // 2, 2):
+        raise ValueError(f"turns must be rope_pair_turns' fp32 ({n_cols // 2}, 2), got "
+                         f"{turns.dtype} {tuple(turns.shape)}")
     if coords.dtype != torch.int32 or tuple(coords.shape) != (x.shape[0], 2):
         raise ValueError(f"coords must be int32 (tokens, 2) = ({x.shape[0]}, 2), got "
                          f"{coords.dtype} {tuple(coords.shape)}")
     shape = (x.shape[0], 3, heads, head_dim)
     if out is not None:
-        check_qkv_out(out, shape, x, {"x": x, "w_qkv": w_qkv, "table": table, "coords": coords})
+        check_qkv_out(out, shape, x, named)
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
         raise ValueError("qkv_rope_linear_cute runs on sm_90 GPUs (Hopper) only")
     if out is None:
         out = torch.empty(shape, device=x.device, dtype=x.dtype)
     out2d = out.view(x.shape[0], n_cols)
-    for name, t in (("x", x), ("w_qkv", w_qkv), ("table", table), ("coords", coords), ("out", out)):
+    for name, t in (("x", x), ("w_qkv", w_qkv), ("turns", turns), ("coords", coords),
+                    ("out", out)):
         if t.data_ptr() % 16:  # TMA and the compiled kernel assume 16-byte aligned bases
             raise ValueError(f"{name} must start at a 16-byte aligned address (a view with an "
                              f"offset is not; pass a copy)")
     import cuda.bindings.driver as cuda
     stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
-    fn = compile_kernel(cfg, x, w_qkv, out2d, table, coords, 2 * heads * head_dim, has_bias,
+    fn = compile_kernel(cfg, x, w_qkv, out2d, turns, b_qkv, coords, 2 * heads * head_dim,
                         _max_clusters(cfg.cluster_m), stream)
+    bias = _bias_operand(b_qkv, turns)
     fn(_cute_tensor(x, True), _cute_tensor(w_qkv, False), _cute_tensor(out2d, True),
-       _cute_tensor(table, False), _cute_tensor(coords, True), stream)
+       _cute_tensor(turns, False), _cute_tensor(bias, False, bias.element_size()),
+       _cute_tensor(coords, True), stream)
     return out
-
-
-@functools.cache
-def _pair_turns(heads: int, head_dim: int, theta: float, device: str) -> torch.Tensor:
-    """``rope_pair_turns`` of Kimi's frequencies at ``theta``: a function of its key only."""
-    from rope_kernels.kernels.freqs import vision_rope_frequencies
-    freqs = vision_rope_frequencies(head_dim, theta=theta, device=torch.device(device))
-    return rope_pair_turns(heads, head_dim, freqs)
-
-
-def rotating_qkv_projection_cute(linear: torch.nn.Linear, h: torch.Tensor, coords: torch.Tensor,
-                                 heads: int, head_dim: int, *, theta: float = 10000.0,
-                                 config: CuteQKVConfig | None = None) -> torch.Tensor:
-    """``linear(h)`` as packed (T, 3, H, D) with q and k rotated, by ``qkv_rope_linear_cute``.
-
-    Reads ``linear.weight`` and ``linear.bias`` as they are at each call: the per-pair
-    table's turns (a function of heads, head_dim, theta and the device) are cached, its
-    bias columns are joined to them at every call (``pair_table_with_bias``), so no
-    update of the parameters (in place, through ``.data``, under inference mode) is
-    missed."""
-    if not isinstance(linear, torch.nn.Linear):
-        raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
-    check_positive_int("heads", heads)
-    check_positive_int("head_dim", head_dim)
-    if head_dim % 4:
-        raise ValueError(f"head_dim must be a multiple of 4 (Kimi's interleaved 2D pairs), "
-                         f"got {head_dim}")
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-        raise ValueError(f"theta must be a positive number, got {theta!r}")
-    turns = _pair_turns(heads, head_dim, float(theta), str(linear.weight.device))
-    table = pair_table_with_bias(turns, linear.bias)
-    return qkv_rope_linear_cute(h, linear.weight, table, coords, heads=heads, head_dim=head_dim,
-                                has_bias=linear.bias is not None, config=config)

@@ -14,7 +14,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
-from rope_kernels.kernels.qkv_cute import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
+from rope_kernels.kernels.qkv_cute_config import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
 
 
 def _ptx_f32(op: str, x):
@@ -34,9 +34,11 @@ def _turn(x0, x1, turns):
 
 class KimiQKVRopeSm90:
     """The sm_90a kernel: ``KimiQKVRopeSm90(cfg, rot_cols, has_bias, elem_bytes)`` is
-    compiled by ``cute.compile(kernel, x, w, out, table, coords, max_active_clusters,
-    stream)`` (``qkv_cute.compile_kernel``). ``rot_cols``: the q|k columns (2*H*D),
-    rotated; the v columns past them get the bias only."""
+    compiled by ``cute.compile(kernel, x, w, out, turns, bias, coords,
+    max_active_clusters, stream)`` (``qkv_cute.compile_kernel``). ``rot_cols``: the q|k
+    columns (2*H*D), rotated; the v columns past them get the bias only. ``bias`` is the
+    layer's own (3*H*D,) vector, read in its dtype at every launch (not read where
+    ``has_bias`` is False)."""
 
     def __init__(self, cfg: CuteQKVConfig, rot_cols: int, has_bias: bool, elem_bytes: int):
         self.cfg = cfg
@@ -53,7 +55,7 @@ class KimiQKVRopeSm90:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mOut: cute.Tensor,
-                 mTab: cute.Tensor, mCoords: cute.Tensor,
+                 mTurns: cute.Tensor, mBias: cute.Tensor, mCoords: cute.Tensor,
                  max_active_clusters: cutlass.Constexpr, stream):
         dtype = mX.element_type
         self.dtype = dtype
@@ -95,7 +97,7 @@ class KimiQKVRopeSm90:
                                     1024]
 
         self.storage = Storage
-        self.kernel(tma_x, gX, tma_w, gW, tma_out, gOut, mTab, mCoords, tiled_mma,
+        self.kernel(tma_x, gX, tma_w, gW, tma_out, gOut, mTurns, mBias, mCoords, tiled_mma,
                     a_layout, b_layout, epi_layout, sched).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_shape, 1),
             min_blocks_per_mp=1, stream=stream)
@@ -103,7 +105,8 @@ class KimiQKVRopeSm90:
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, gX: cute.Tensor, tma_w: cute.CopyAtom,
                gW: cute.Tensor, tma_out: cute.CopyAtom, gOut: cute.Tensor,
-               mTab: cute.Tensor, mCoords: cute.Tensor, tiled_mma: cute.TiledMma,
+               mTurns: cute.Tensor, mBias: cute.Tensor, mCoords: cute.Tensor,
+               tiled_mma: cute.TiledMma,
                a_layout: cute.ComposedLayout, b_layout: cute.ComposedLayout,
                epi_layout: cute.ComposedLayout,
                sched_params: utils.PersistentTileSchedulerParams):
@@ -169,7 +172,7 @@ class KimiQKVRopeSm90:
         elif group <= self.consumers:
             cute.arch.warpgroup_reg_alloc(232)
             self.consume(group - 1, tidx - 128 * group, ring, turns, tiled_mma, sX, sW,
-                         sOut, tma_out, tOut, mTab, mCoords, k_tiles, sched_params)
+                         sOut, tma_out, tOut, mTurns, mBias, mCoords, k_tiles, sched_params)
 
     @cute.jit
     def produce(self, ring, tma_x, tma_w, x_s, x_g, w_s, w_g, w_mask, k_tiles,
@@ -196,8 +199,8 @@ class KimiQKVRopeSm90:
         ring.producer_tail(state)
 
     @cute.jit
-    def consume(self, me, t, ring, turns, tiled_mma, sX, sW, sOut, tma_out, tOut, mTab,
-                mCoords, k_tiles, sched_params):
+    def consume(self, me, t, ring, turns, tiled_mma, sX, sW, sOut, tma_out, tOut, mTurns,
+                mBias, mCoords, k_tiles, sched_params):
         """Consumer warp group ``me`` (0/1), thread ``t`` in it: tiles me, me+2, ...
         of the CTA's sequence; mainloop, then the epilogue under the other group's.
         The two groups' mainloops take turns (mbarriers ``turns``: a group starts its
@@ -277,7 +280,7 @@ class KimiQKVRopeSm90:
 
             m0 = m_t * TILE_M
             n0 = n_t * self.tile_n
-            self.bias_and_rotate(acc, coord, m0, n0, mTab, mCoords)
+            self.bias_and_rotate(acc, coord, m0, n0, mTurns, mBias, mCoords)
 
             out_tile = cute.zipped_divide(tOut[(None, None, m_t, n_t)], self.epi_tile)
             s_part, g_part = cute.nvgpu.cpasync.tma_partition(
@@ -305,12 +308,12 @@ class KimiQKVRopeSm90:
             stores.producer_tail()
 
     @cute.jit
-    def bias_and_rotate(self, acc, coord, m0, n0, mTab, mCoords):
+    def bias_and_rotate(self, acc, coord, m0, n0, mTurns, mBias, mCoords):
         """Bias, then Kimi's rotation, on the fp32 accumulator in place. WGMMA's C
         fragment is ((2 columns, 2 rows, tile_n/8 column groups), m64 blocks, 1): a
         pair's two columns sit in one thread's two adjacent registers. Each thread
-        reads the positions of its 4 rows once and the table row of each of its
-        column pairs once."""
+        reads the positions of its 4 rows once, and the turns and the two bias values
+        of each of its column pairs once (the bias in its own dtype, widened to fp32)."""
         if cutlass.const_expr(self.has_bias or self.rotate):
             groups = cute.size(acc, mode=[0, 2])
             blocks = cute.size(acc, mode=[1])
@@ -327,11 +330,11 @@ class KimiQKVRopeSm90:
             for g in cutlass.range_constexpr(groups):
                 p = (n0 + coord[((0, 0, g), 0, 0)][1]) // 2
                 if cutlass.const_expr(self.has_bias):
-                    b0 = mTab[p, 2]
-                    b1 = mTab[p, 3]
+                    b0 = mBias[2 * p].to(Float32)
+                    b1 = mBias[2 * p + 1].to(Float32)
                 if cutlass.const_expr(self.rotate):
-                    fr = mTab[p, 0]
-                    fc = mTab[p, 1]
+                    fr = mTurns[p, 0]
+                    fc = mTurns[p, 1]
                 for mi in cutlass.range_constexpr(blocks):
                     for r in cutlass.range_constexpr(2):
                         i0 = ((0, r, g), mi, 0)

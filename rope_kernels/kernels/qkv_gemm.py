@@ -45,7 +45,8 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_no_autograd, check_patch_coords,
                                          check_positive_int, check_qkv_operands, check_qkv_out,
-                                         check_triton_device, triton_interpreter_enabled)
+                                         check_triton_device)
+from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.kernels.fused import cos_sin_vector, interleaved_cos_sin
 
 # --------------------------------------------------------------------------
@@ -440,14 +441,10 @@ class QKVGemmConfig:
 
 # The NVIDIA defaults, one per path: the fastest of notebook 05's candidates in the
 # committed sweep (data/exploration/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72,
-# bf16, cold, CUDA graphs; us at 21,904 / 43,808 / 87,616 tokens):
-# - table: one program per tile, 128x128x64, 4 warps, the epilogue whole: 308.3 / 605.5 /
-#   1194.4, the fastest at 43,808 and 87,616 and 2.9% over the fastest at 21,904 (299.5,
-#   persistent, two programs per SM, quarters); the persistent config below: 335.0 /
-#   675.8 / 1422.5 from the table.
-# - angles: persistent, two programs per SM, the epilogue in eighths, group_m 16: 280.5 /
-#   551.7 / 1119.6, the fastest at 43,808 and 87,616, 2.2% over the fastest at 21,904
-#   (274.5, quarters, group_m 8, which is 1.4% slower at 43,808).
+# bf16, cold, CUDA graphs) at 43,808 and 87,616 tokens, near the fastest at 21,904:
+# - table: one program per tile, 128x128x64, 4 warps, the epilogue whole;
+# - angles: persistent, two programs per SM, the epilogue in eighths, group_m 16.
+# Their times and the runners-up: docs/DECISIONS.md ("one default per path").
 NVIDIA_TABLE_CONFIG = QKVGemmConfig()
 NVIDIA_ANGLES_CONFIG = QKVGemmConfig(group_m=16, persistent=True, programs_per_sm=2,
                                      epilogue_parts=8)

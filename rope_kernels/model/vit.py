@@ -20,8 +20,8 @@ from torch.profiler import record_function
 
 from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis, vision_patch_coords
 from rope_kernels.kernels.reference import cos_sin_views
-from rope_kernels.model.config import EncoderConfig  # noqa: F401  (the model's geometry)
-from rope_kernels.model.encoder_parallel import WORLD, check_mode, layer_gemms
+from rope_kernels.encoder_config import EncoderConfig  # noqa: F401  (the model's geometry)
+from rope_kernels.encoder_parallel import WORLD, check_mode, layer_gemms
 from rope_kernels.qkv import qkv_rope, qkv_rope_operands
 from rope_kernels.variants import VARIANTS, encoder_only_absent, peer_status
 # "none" (RoPE skipped: the floor), "gemm_epilogue" (q and k rotated inside the QKV
@@ -49,7 +49,7 @@ def rope_variants() -> tuple[str, ...]:
 class _Layer(nn.Module):
     def __init__(self, cfg: EncoderConfig, mode: str = "1gpu", world: int = WORLD):
         super().__init__()
-        # one GPU's shard under the encoder parallel mode (model/encoder_parallel.py): tp8 splits
+        # one GPU's shard under the encoder parallel mode (encoder_parallel.py): tp8 splits
         # the QKV and fc0 outputs and the proj and fc1 inputs 8 ways (the all-reduces are modelled)
         g = layer_gemms(cfg.hidden, cfg.heads, cfg.mlp, mode, world)
         self.norm0 = nn.LayerNorm(cfg.hidden)

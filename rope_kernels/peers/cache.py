@@ -337,7 +337,7 @@ def cache_valid(pin: PinnedWheel, root: Path | None = None) -> bool:
 
 def pip_download_command(pin: PinnedWheel, dest: Path) -> list[str]:
     """pip download of exactly the pinned wheel (the wheelhouse's command, no dependencies)."""
-    from rope_kernels.infra.wheelhouse import pip_download_command as wheel_download
+    from rope_kernels.wheels import pip_download_command as wheel_download
 
     return wheel_download(dest, pin.python, pin.platform, [f"{pin.package}=={pin.version}"],
                           no_deps=True)
@@ -428,7 +428,7 @@ def installed_cuda_peer(module: str, package: str, pinned: str, fn, *, why: str 
 
     import torch
 
-    from rope_kernels.kernels.checks import triton_interpreter_enabled
+    from rope_kernels.kernels.switches import triton_interpreter_enabled
 
     if importlib.util.find_spec(module) is None:
         return False, f"{package} not installed (pinned {pinned}; {why})"

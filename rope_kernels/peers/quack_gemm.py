@@ -40,10 +40,9 @@ QUACK_CONFIGS = {
     "quack_default": None,
 }
 # The configs ``qkv.qkv_rope`` runs (and notebook 05 times): the faster of the two above in
-# the committed sweep (data/exploration/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72;
-# us at 21,904 / 43,808 / 87,616 tokens): the RoPE epilogue at 128x160 (252.3 / 503.4 /
-# 1016.7, against 281.2 / 558.3 / 1100.4 at QuACK's default, 128x192), the plain GEMM at
-# QuACK's default (226.2 / 443.3 / 876.6, against 231.6 / 460.2 / 904.0 at 128x160).
+# the committed sweep (data/exploration/nvidia-h200/qkv_gemm_sweep.csv, H200, Kimi 1152 -> 3 x 16 x 72)
+# at every token count: the RoPE epilogue at 128x160, the plain GEMM at QuACK's default
+# (128x192). The times: docs/DECISIONS.md ("QuACK's GEMM configs").
 DEFAULT_ROPE_CONFIG = "128x160_c2x1_pingpong"
 DEFAULT_PLAIN_CONFIG = "quack_default"
 

@@ -22,8 +22,8 @@ import types
 
 import torch
 
-from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
-                                         triton_interpreter_enabled)
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_triton_device
+from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.peers.cache import SourceFile, find_source, load_module, loaded_peer_spec
 
 VISION_ROPE_FILE = "sglang/kernels/ops/attention/vision_rope.py"

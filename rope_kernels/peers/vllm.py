@@ -31,8 +31,8 @@ import types
 import torch
 
 from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
-                                         check_writes_do_not_overlap_reads, packed_qkv_of,
-                                         triton_interpreter_enabled)
+                                         check_writes_do_not_overlap_reads, packed_qkv_of)
+from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.peers.cache import (SourceFile, find_source, installed_version, load_module,
                                       loaded_peer_spec)
 from rope_kernels.peers.prepared import prepared_per_freqs

@@ -58,7 +58,7 @@ def _qk_shapes(nb: str, v: Mapping) -> Iterator[tuple[int, str]]:
 
 
 def _encoder_buckets(v: Mapping) -> Iterator[tuple[int, str]]:
-    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.vocabulary import resolution_tokens
 
     cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[v["encoder"]]()

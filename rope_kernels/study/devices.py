@@ -17,6 +17,26 @@ from rope_kernels.provenance import (  # noqa: F401  (the notebooks' and the stu
     triton_version,
 )
 
+def resolve_device(requested: str, *, name: str = "--device") -> str:
+    """The device kind a run or a notebook uses: ``requested`` ('auto', 'cpu', 'cuda' or
+    'rocm'; ``name``: how the caller's option is called, for the messages). 'auto' is what
+    PyTorch sees; 'cpu' is always possible; 'cuda' or 'rocm' must be what this machine has
+    (a ROCm GPU is not taken for 'cuda', nor the reverse). The one rule of the runner and the
+    notebooks (``notebooks.notebook_setup``), which had two that ruled differently on a ROCm
+    box (issue 44)."""
+    if requested not in ("auto", "cpu", "cuda", "rocm"):
+        from rope_kernels.study.parameters import ParameterError
+        raise ParameterError(f"{name} must be auto, cpu, cuda or rocm, got {requested!r}")
+    found = device_kind()
+    if requested == "auto":
+        return found
+    if requested != "cpu" and found != requested:
+        raise RuntimeError(f"{name} {requested} was asked for, but this machine has "
+                           f"{'no GPU' if found == 'cpu' else 'a ' + found + ' GPU'} "
+                           "visible to PyTorch")
+    return requested
+
+
 DATA_LINE = re.compile(r"^data: (?P<folder>[^/\s]+)/(?P<file>\S+\.csv) commit (?P<commits>\S+) rows (?P<rows>\d+)$")
 
 

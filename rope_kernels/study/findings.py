@@ -19,6 +19,7 @@ import pandas as pd
 from rope_kernels import catalogue
 from rope_kernels.provenance import REPO_ROOT
 from rope_kernels.study import targets as T
+from rope_kernels.study.rows import kimi_rows, like_for_like, time_ratios, times as _times
 from rope_kernels.study.results import read_table
 from rope_kernels.study.specs import (ENCODER_LATENCY_CSV, LAUNCHES_CSV, QKV_GEMM_CONFIGS_CSV, QKV_GEMM_CSV,
                                       RESULT_FILES as RESULT_TABLES)
@@ -77,32 +78,12 @@ def load(device_dir: Path) -> dict[str, pd.DataFrame]:
     return files
 
 
-def _kimi(micro: pd.DataFrame, mode: str) -> pd.DataFrame:
-    if micro.empty:
-        return micro
-    m = micro[(micro["mode"] == mode) & (micro["head_dim"] == 72)]
-    return m[m["tokens"].isin(T.KIMI_TOKENS) & m["heads"].isin(T.KIMI_HEADS)]
-
-
-def _times(rows: pd.DataFrame) -> dict:
-    return {(r.variant, int(r.tokens), int(r.heads)): float(r.median_us) for r in rows.itertuples()}
-
-
-def like_for_like(rows: pd.DataFrame, peer: str) -> str | None:
-    """Our kernel that works like ``peer`` (in place or not); None when unknown."""
-    place = T.in_place(rows, peer)
-    if place is None:
-        return None
-    return next((o for o in OURS if T.in_place(rows, o) == place), None)
-
-
 def peer_ratio_table(micro: pd.DataFrame, mode: str) -> tuple[str, list[str]]:
     """Markdown: per Kimi head count, time(peer) / time(ours like for like) over
     the Kimi token counts; and the peers it covers."""
-    rows = _kimi(micro, mode)
+    rows = kimi_rows(micro, mode)
     if rows.empty:
         return "", []
-    times = _times(rows)
     peers = [p for p in ordered(set(rows["variant"])) if p not in OURS]
     cols, heads_rows = [], []
     for p in peers:
@@ -113,8 +94,7 @@ def peer_ratio_table(micro: pd.DataFrame, mode: str) -> tuple[str, list[str]]:
     for h in T.KIMI_HEADS:
         cells = [f"{h} (TP {16 // h})"]
         for p, o in cols:
-            vals = [times[(p, t, h)] / times[(o, t, h)] for t in T.KIMI_TOKENS
-                    if o and (p, t, h) in times and (o, t, h) in times]
+            vals = time_ratios(rows, p, o, heads=(h,))
             cells.append(span(vals) + "x" if vals else "not measured")
         heads_rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + heads_rows), peers
@@ -188,7 +168,7 @@ def kernel_section(files: dict) -> list[str]:
     warm, _ = peer_ratio_table(micro, T.WARM)
     if warm:
         out += ["", "The same with a warm L2 (one input set, replayed: inputs partly in L2):", "", warm]
-    rows = _kimi(micro, T.COLD)
+    rows = kimi_rows(micro, T.COLD)
     times = _times(rows)
     big = max(T.KIMI_TOKENS)
     at = {v: times[(v, big, 16)] for v in ordered(set(rows["variant"])) + list(OURS) if (v, big, 16) in times}
@@ -200,13 +180,11 @@ def kernel_section(files: dict) -> list[str]:
             pct = f" ({_pct_of_ceiling(fused).iloc[0]:.1f}% of the copy ceiling)"
         bullets.append(f"- At {big:,} tokens x 16 x 72: " + ", ".join(
             f"`{v}` {t:.1f} us" + (pct if v == "fused" else "") for v, t in at.items()) + ".")
-    ip = [times[("fused_inplace", t, h)] / times[("fused", t, h)] for t in T.KIMI_TOKENS for h in T.KIMI_HEADS
-          if ("fused_inplace", t, h) in times and ("fused", t, h) in times]
+    ip = time_ratios(rows, "fused_inplace", "fused")
     if ip:
         bullets.append(f"- Our in-place kernel takes {span(ip, '{:.3f}')}x the time of our out-of-place one "
                        "on Kimi's shapes.")
-    merged = [times[("native", t, h)] / times[("vllm_merged", t, h)] for t in T.KIMI_TOKENS for h in T.KIMI_HEADS
-              if ("vllm_merged", t, h) in times and ("native", t, h) in times]
+    merged = time_ratios(rows, "native", "vllm_merged")
     if merged:
         bullets.append(f"- The merged PR path runs at {span(merged)}x native's speed (native time / merged time) "
                        f"on Kimi's shapes: {'slower than native on every one' if max(merged) < 1 else 'not faster everywhere'}.")
@@ -224,16 +202,20 @@ def roofline_section(files: dict) -> list[str]:
         return []
     cold = micro[micro["mode"] == T.COLD]
     fused = cold[cold["variant"] == "fused"]
-    kimi = fused[(fused["head_dim"] == 72) & (fused["tokens"] == max(T.KIMI_TOKENS))]
+    kimi = kimi_rows(micro, T.COLD, tokens=(max(T.KIMI_TOKENS),))
+    kimi = kimi[kimi["variant"] == "fused"]
     if kimi.empty:
         return [f"- **Roofline:** not measured (no cold fused rows at {max(T.KIMI_TOKENS):,} tokens x 72)."]
     out = [f"- **Roofline** (minimal bytes at the copy ceiling over the time): fused reaches "
            f"{span(_pct_of_ceiling(kimi), '{:.1f}')}% at {max(T.KIMI_TOKENS):,} tokens of 16, 4 or 2 heads x 72"]
     lo, hi = T.KIMI_TOKENS[2], T.KIMI_TOKENS[-1]  # 4 to 16 images of 1024x1024
     big = fused[fused["tokens"] >= lo]
-    sg = cold[(cold["variant"] == "sglang_vision") & (cold["tokens"] >= lo) & (cold["head_dim"] == KIMI_HEAD_DIM)]
+    k72 = kimi_rows(micro, T.COLD, heads=None, tokens=None)  # every head count and token count at 72
+    k72 = k72[k72["tokens"] >= lo]
+    sg = k72[k72["variant"] == "sglang_vision"]
+    big72 = k72[k72["variant"] == "fused"]
     if len(big):
-        out[-1] += (f"; {span(_pct_of_ceiling(big[big['head_dim'] == KIMI_HEAD_DIM]), '{:.1f}')}% at {lo}-{hi} tokens"
+        out[-1] += (f"; {span(_pct_of_ceiling(big72), '{:.1f}')}% at {lo}-{hi} tokens"
                     + (f" (SGLang `vision_rope` {span(_pct_of_ceiling(sg), '{:.1f}')}%)" if len(sg) else ""))
     f128 = fused[fused["head_dim"] == 128]
     if len(f128):
@@ -242,7 +224,6 @@ def roofline_section(files: dict) -> list[str]:
                     f"({int(best.tokens)} x {int(best.heads)} x 128)")
     col = _first_column(cold, SAME_BYTES_PCT)
     if col and fused[col].notna().any():
-        big72 = fused[(fused["head_dim"] == KIMI_HEAD_DIM) & (fused["tokens"] >= lo)]
         out[-1] += (f". Against an SM copy of the same bytes timed in the same rounds (reads what the call "
                     f"reads, writes what it writes): fused runs at {span(fused[col], '{:.0f}')}% of its speed "
                     f"over every shape, {span(big72[col], '{:.1f}')}% at {lo}-{hi} tokens x {KIMI_HEAD_DIM}")

@@ -6,19 +6,9 @@ import inspect
 import os
 from pathlib import Path
 
-from rope_kernels.study.devices import REPO_ROOT, device_kind, torch_device
+from rope_kernels.study.devices import REPO_ROOT, resolve_device, torch_device
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-
-
-def resolve_device(device: str):
-    """A notebook's ``device`` parameter ('auto', 'cpu', 'cuda', 'rocm') -> torch.device."""
-    kind = device_kind() if device == "auto" else device
-    if kind not in ("cpu", "cuda", "rocm"):
-        raise ValueError(f"device must be auto, cpu, cuda or rocm, got {device!r}")
-    if kind != "cpu" and device_kind() == "cpu":
-        raise RuntimeError(f"device={device!r} but PyTorch sees no GPU here")
-    return kind, torch_device(kind)
 
 
 # Warnings a reader cannot act on: library deprecations, the profiler's note that it
@@ -64,9 +54,11 @@ def report_display() -> None:
 
 def notebook_setup(device: str = "auto"):
     """Every device notebook's first code: ``report_display``; returns (device kind,
-    torch.device) as :func:`resolve_device`."""
+    torch.device) for the ``device`` parameter, by the runner's own rule
+    (``devices.resolve_device``)."""
     report_display()
-    return resolve_device(device)
+    kind = resolve_device(device, name="device")
+    return kind, torch_device(kind)
 
 
 PAPERMILL_ORIGIN = "notebook parameters"

@@ -501,7 +501,7 @@ def time_to_first_token(ttft: pd.DataFrame, *, mode: str, resolutions: Sequence[
                         variants: Sequence[str] | None = None, floor: str = "none",
                         ncols: int = 3):
     """Time to first token [ms] (measured encoder median + modelled prefill, central;
-    ``model.prefill.add_ttft`` rows) against images per request, one panel per
+    ``prefill.add_ttft`` rows) against images per request, one panel per
     resolution; the prefill alone dotted, and its band (fast..slow) shaded."""
     sub = ttft[ttft["mode"] == mode]
     res = _ordered(sub.resolution, resolutions)
@@ -528,7 +528,7 @@ def saving_pct_of_ttft(savings: pd.DataFrame, *, modes: Sequence[str] | None = N
                        resolutions: Sequence[str] | None = None,
                        variants: Sequence[str] | None = None, ncols: int = 2):
     """What each variant's encoder saves over native, as % of native's time to first
-    token (``model.prefill.rope_saving_pct_of_ttft`` rows), against images per request:
+    token (``prefill.rope_saving_pct_of_ttft`` rows), against images per request:
     one panel per mode, colour per variant, line style per resolution; bars: the
     prefill band's ends (slow prefill: a smaller share)."""
     modes = _ordered(savings["mode"], modes)
@@ -605,7 +605,7 @@ def ttft_vs_images(ttft: pd.DataFrame, *, resolution: str = "1024x1024",
                    policies: Sequence[str] | None = None, variants: Sequence[str] | None = None,
                    anchors: pd.DataFrame | None = None, floor: str = "none",
                    show: Sequence[str] | None = None):
-    """Time to first token [ms] (``model.prefill.ttft_rows``: encoder median + prefill)
+    """Time to first token [ms] (``prefill.ttft_rows``: encoder median + prefill)
     against images per request at one resolution, a line per RoPE choice, a panel per
     encoder policy (vLLM's default eager, vLLM's encoder graphs up to its budget, all
     graphs). The prefill alone is dotted; the hand model's band (its MFU ends, plus

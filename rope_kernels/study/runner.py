@@ -22,7 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rope_kernels.study.devices import REPO_ROOT, device_kind, device_name, device_slug
+from rope_kernels.study.devices import (REPO_ROOT, device_kind, device_name, device_slug,  # noqa: F401
+                                        resolve_device)
 # Executing one notebook (papermill, its kernel, the terminal line) is execution.py's job.
 from rope_kernels.study.execution import (  # noqa: F401
     ProgressLine,
@@ -49,19 +50,6 @@ from rope_kernels.study.specs import NOTEBOOKS, RUNNER_PARAMS, SPECS, SUMMARY_NO
 
 class NotebookError(RuntimeError):
     """A notebook cell raised; its partial output is kept as <notebook>.failed.ipynb."""
-
-
-def resolve_device(requested: str) -> str:
-    if requested not in ("auto", "cpu", "cuda", "rocm"):
-        raise ParameterError(f"--device must be auto, cpu, cuda or rocm, got {requested!r}")
-    found = device_kind()
-    if requested == "auto":
-        return found
-    if requested != "cpu" and found != requested:
-        raise RuntimeError(f"--device {requested} was asked for, but this machine has "
-                           f"{'no GPU' if found == 'cpu' else 'a ' + found + ' GPU'} "
-                           "visible to PyTorch")
-    return requested
 
 
 def skip_lines(skipped: dict[str, dict[str, str]], kind: str) -> list[str]:

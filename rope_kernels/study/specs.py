@@ -183,9 +183,9 @@ def _qkv_tokens_rule(v, kind):
 
 def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
     """04_ttft's prefill-model parameters, checked by the model itself
-    (``model.prefill.PrefillModel``, torch-free), so the rules live in one place."""
+    (``prefill.PrefillModel``, torch-free), so the rules live in one place."""
     def check(v, kind):
-        from rope_kernels.model.prefill import PrefillModel, llm_prompt_tokens
+        from rope_kernels.prefill import PrefillModel, llm_prompt_tokens
 
         try:
             if field_name == "text_tokens":
@@ -202,9 +202,9 @@ def _prefill_rule(field_name: str, scale: float = 1.0) -> Rule:
 
 
 def _encoder_parallel_rule(v, kind) -> str | None:
-    """04_ttft: encoder parallel modes (``model.encoder_parallel.check_mode``), 1gpu among them
+    """04_ttft: encoder parallel modes (``encoder_parallel.check_mode``), 1gpu among them
     (the study's whole-encoder rows, which the notebook's other sections read)."""
-    from rope_kernels.model.encoder_parallel import check_mode
+    from rope_kernels.encoder_parallel import check_mode
 
     if not isinstance(v, list) or not v:
         return f"must be a non-empty list of modes, got {v!r}"
@@ -359,7 +359,7 @@ QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 PAIRED_COLUMNS = ("paired_saving_pct", "paired_saving_pct_p20", "paired_saving_pct_p80",
                   "paired_rope_cost_ms", "paired_rope_cost_ms_p20", "paired_rope_cost_ms_p80")
 
-# Time to first token, modelled (model/prefill.add_ttft) beside the measured latency.
+# Time to first token, modelled (prefill.add_ttft) beside the measured latency.
 MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_fast_ms",
                          "modelled_ttft_fast_ms", "modelled_prefill_ms", "modelled_ttft_ms",
                          "modelled_prefill_slow_ms", "modelled_ttft_slow_ms", "prefill_model")
@@ -369,7 +369,7 @@ MODELLED_TTFT_COLUMNS = ("text_tokens", "llm_prefill_tokens", "modelled_prefill_
 _IN_PLACE_BEFORE_COLUMN = frozenset({"fused_inplace", "vllm_packed_qk", "flashinfer", "quack"})
 
 
-# How the encoder is spread over GPUs (model/encoder_parallel.py): rows from before the
+# How the encoder is spread over GPUs (encoder_parallel.py): rows from before the
 # modes timed the whole encoder on one GPU, and a TTFT row's prefill was one unchunked prefill.
 ENCODER_PARALLEL_COLUMNS = ("encoder_parallel", "world_size", "gpu_images", "gpu_vit_tokens", "comm_ms",
                             "comm_model")
@@ -490,7 +490,7 @@ RESULT_FILES: dict[str, Table] = {
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS, *ENCODER_PARALLEL_COLUMNS),
         derived={"in_place": _old_rows_in_place, **_ONE_GPU}),
-    # Time to first token per RoPE choice and encoder launch policy (model/prefill.ttft_rows):
+    # Time to first token per RoPE choice and encoder launch policy (prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
     # (the parallel columns: rows before issue 42 are one GPU's, their prefill one unchunked prefill)
     TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "encoder_parallel",
@@ -520,7 +520,9 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "device": _DEVICE,
         "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
         "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
-        "variants": Param([], variant_names(allow_empty=True), variants=True),
+        # empty: everything 02 and 04 can time, the encoder-only modes included
+        "variants": Param([], variant_names(allow_empty=True, extra=ENCODER_ONLY_ROPE),
+                          variants=True),
         "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),
@@ -577,7 +579,7 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "llm_tp": Param(8, at_least(1)),
         "llm_moe_ep": Param(8, at_least(1)),
         "encoder_graph_tokens": Param(5120, at_least(0)),  # vLLM's largest encoder graph (merged)
-        # how the encoder is spread over 8 GPUs (model/encoder_parallel.py): 1gpu first (the
+        # how the encoder is spread over 8 GPUs (encoder_parallel.py): 1gpu first (the
         # whole encoder), tp8/dp8 time one GPU's shard at the buckets below
         "encoder_parallel": Param(["1gpu"], _encoder_parallel_rule),
         "sharded_buckets": Param({}, _counts_by_resolution),

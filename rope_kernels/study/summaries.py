@@ -21,6 +21,7 @@ import pandas as pd
 from rope_kernels import catalogue
 from rope_kernels.study import findings as F
 from rope_kernels.study import targets as T
+from rope_kernels.study.rows import kimi_rows, ours_for, time_ratios
 from rope_kernels.study.specs import LAUNCHES_CSV, TIME_TO_FIRST_TOKEN_CSV
 
 BIG = max(T.KIMI_TOKENS)  # 16 images of 1024x1024
@@ -68,21 +69,14 @@ def _ok(v) -> bool:
 
 
 def kernel_times(files: dict, tokens: int = BIG, heads: int = TOWER_HEADS,
-                 head_dim: int = T.KIMI_HEAD_DIM, mode: str = T.COLD) -> pd.DataFrame:
-    """One row per variant at one kernel shape (bf16), indexed by variant (empty if absent)."""
+                 mode: str = T.COLD) -> pd.DataFrame:
+    """One row per variant at one Kimi kernel shape (``rows.kimi_rows``: head_dim 72, bf16),
+    indexed by variant (empty if absent)."""
     micro = files.get("microbench", pd.DataFrame())
     if micro.empty:
         return micro
-    m = micro[(micro["mode"] == mode) & (micro["tokens"] == tokens) & (micro["heads"] == heads)
-              & (micro["head_dim"] == head_dim)]
-    if "dtype" in m.columns:
-        m = m[m["dtype"] == "bfloat16"]
+    m = kimi_rows(micro, mode, heads=(heads,), tokens=(tokens,))
     return m.drop_duplicates("variant").set_index("variant")
-
-
-def ours_for(rows: pd.DataFrame, peer: str) -> str:
-    """Our kernel like for like with ``peer`` (in place with in place), else ``fused``."""
-    return F.like_for_like(rows, peer) or "fused"
 
 
 def best_engine(at: pd.DataFrame) -> str | None:
@@ -101,27 +95,14 @@ def encoder_bucket(files: dict, mode: str = T.COLD) -> pd.Series:
     return b.drop_duplicates("variant").set_index("variant")["median_ms"]
 
 
-def _native_over(rows: pd.DataFrame, variant: str) -> list[float]:
-    """native time / ``variant`` time over Kimi's token counts and head counts (cold)."""
-    t = {(r.variant, int(r.tokens), int(r.heads)): float(r.median_us) for r in rows.itertuples()}
-    return [t[("native", k, h)] / t[(variant, k, h)] for k in T.KIMI_TOKENS for h in T.KIMI_HEADS
-            if ("native", k, h) in t and (variant, k, h) in t]
-
-
 def _kimi_rows(files: dict, mode: str = T.COLD) -> pd.DataFrame:
-    micro = files.get("microbench", pd.DataFrame())
-    if micro.empty:
-        return micro
-    m = micro[(micro["mode"] == mode) & (micro["head_dim"] == T.KIMI_HEAD_DIM)
-              & micro["tokens"].isin(T.KIMI_TOKENS) & micro["heads"].isin(T.KIMI_HEADS)]
-    return m[m["dtype"] == "bfloat16"] if "dtype" in m.columns else m
+    return kimi_rows(files.get("microbench", pd.DataFrame()), mode)
 
 
 def _ratio_span(rows: pd.DataFrame, peer: str, heads: int = TOWER_HEADS) -> tuple[str, list[float]]:
     """Peer time / ours (like for like) over Kimi's token counts at ``heads``: (ours, ratios)."""
     ours = ours_for(rows, peer)
-    t = {(r.variant, int(r.tokens)): float(r.median_us) for r in rows[rows["heads"] == heads].itertuples()}
-    return ours, [t[(peer, k)] / t[(ours, k)] for k in T.KIMI_TOKENS if (peer, k) in t and (ours, k) in t]
+    return ours, time_ratios(rows, peer, ours, heads=(heads,))
 
 
 # -- the study's answer (index, README, 06) -------------------------------------------------
@@ -129,7 +110,7 @@ def _ratio_span(rows: pd.DataFrame, peer: str, heads: int = TOWER_HEADS) -> tupl
 def merged_line(files: dict) -> list[str]:
     """The merged PR path against native on Kimi's shapes (cold), against the PR's claim."""
     rows = _kimi_rows(files)
-    merged = _native_over(rows, "vllm_merged") if len(rows) else []
+    merged = time_ratios(rows, "native", "vllm_merged")
     if not merged:
         return []
     pr = files.get("pr_table", pd.DataFrame())
@@ -469,7 +450,7 @@ def served_lines(files: dict, policy: str = "eager") -> list[str]:
     encoder in (read from vLLM's source: ``encoder_parallel.VLLM_FACTS``) and what the RoPE choice
     buys in TTFT there (``time_to_first_token.csv``'s rows of that mode, the encoder eager), beside
     the other modes the rows hold."""
-    from rope_kernels.model.encoder_parallel import VLLM_DEFAULT_ENCODER_PARALLEL as default, VLLM_FACTS, \
+    from rope_kernels.encoder_parallel import VLLM_DEFAULT_ENCODER_PARALLEL as default, VLLM_FACTS, \
         VLLM_VERSION
 
     mode, data = VLLM_FACTS["default_mode"], VLLM_FACTS["kimi_supports_data"]
@@ -511,7 +492,7 @@ def ttft_lines(files: dict, policy: str = "eager") -> list[str]:
     """04: time to first token (encoder + the LLM's prefill) at 1 and the most images of 1024x1024 under
     vLLM's default encoder policy (eager), native against the fastest of ours, and where the prefill
     comes from (``time_to_first_token.csv``)."""
-    from rope_kernels.model.encoder_parallel import one_gpu_rows
+    from rope_kernels.encoder_parallel import one_gpu_rows
 
     t = files.get(TIME_TO_FIRST_TOKEN_CSV)
     if t is None or t.empty:

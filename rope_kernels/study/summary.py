@@ -12,6 +12,7 @@ import pandas as pd
 from rope_kernels import catalogue
 from rope_kernels.study.results import TABLES, current_file, read_table
 from rope_kernels.study.specs import ENCODER_LATENCY_CSV, MICROBENCH_CSV
+from rope_kernels.study.rows import kimi_rows
 from rope_kernels.study.targets import PR_TABLE_CSV as PR_TABLE
 from rope_kernels.vocabulary import KIMI_HEAD_DIM, KIMI_HEADS
 
@@ -81,7 +82,8 @@ def peer_ratios(rows: pd.DataFrame, times: pd.Series) -> dict:
     """``ratio_<variant>``: time of each other variant over the time of ours, like for
     like (in-place variants over ``fused_inplace``, others over ``fused``; > 1: ours
     faster), from ``times`` (median per variant at one shape)."""
-    from rope_kernels.study.findings import like_for_like, ordered
+    from rope_kernels.study.findings import ordered
+    from rope_kernels.study.rows import like_for_like
 
     out = {}
     for v in ordered(times.index):
@@ -105,8 +107,8 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
     if not micro.empty:
         row["device_name"] = micro["device_name"].iloc[0]
         row["microbench_commit"] = ", ".join(sorted(set(micro["git_commit"].astype(str))))
-        g = micro[(micro["mode"] == "cudagraph") & (micro["dtype"] == "bfloat16")]
-        kimi = g[(g["heads"] == KIMI[0]) & (g["head_dim"] == KIMI[1])]
+        # Kimi's rows as findings and summaries take them, every token count measured
+        kimi = kimi_rows(micro, "cudagraph", heads=(KIMI[0],), tokens=None)
         fused = kimi[kimi["variant"] == "fused"]
         if not fused.empty:
             big = fused[fused["tokens"] == fused["tokens"].max()].iloc[0]
@@ -176,7 +178,7 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     tracks: the same table on every clone, what nbval compares; every folder when
     the tree has no git)."""
     micro = load_device_tables(data_root, MICROBENCH_CSV, device_folders)
-    from rope_kernels.model.encoder_parallel import one_gpu_rows
+    from rope_kernels.encoder_parallel import one_gpu_rows
     ttft = one_gpu_rows(load_device_tables(data_root, ENCODER_LATENCY_CSV, device_folders))
     pr = read_table(PR_TABLE) if PR_TABLE.exists() else None
     folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))

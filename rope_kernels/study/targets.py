@@ -254,7 +254,7 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
         # read_table renames older columns (TABLES) and refuses a file lacking these
         out[table] = read_table(path, required=TABLE_VALUES.get(table, ()))
         if table == "encoder":  # the targets judge the whole encoder on one GPU (not tp8/dp8 shards)
-            from rope_kernels.model.encoder_parallel import one_gpu_rows
+            from rope_kernels.encoder_parallel import one_gpu_rows
             out[table] = one_gpu_rows(out[table])
     out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
         if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
@@ -664,7 +664,7 @@ def paired_cost(rows: pd.DataFrame, variant: str, floor: str = "none") -> tuple[
 def encoder_minimal_ms(rows: pd.DataFrame) -> float:
     """RoPE's physical minimum in one forward of the encoder these rows timed:
     its layers x minimal bytes at the row's copy ceiling (NaN when unknown)."""
-    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.roofline import rope_minimal_ms
 
     r = rows.iloc[0]

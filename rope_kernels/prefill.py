@@ -325,7 +325,7 @@ class AIConfiguratorPrefill:
         """vLLM's chunked prefill of ``tokens`` input tokens: the sum of its chunks
         (``encoder_parallel.prefill_chunks``), each priced from the tables as ``size`` new tokens
         attending to the ``prefix`` before them (aiconfigurator's ``prefix``)."""
-        from rope_kernels.model.encoder_parallel import prefill_chunks
+        from rope_kernels.encoder_parallel import prefill_chunks
 
         handle = self._handle() if _tokens(tokens) else None
         return sum(float(handle.predict_prefill_latency(self.batch, p + m, p))
@@ -433,7 +433,7 @@ def chunk_note(tokens: int, chunk: int, tables_end: int = 0) -> str:
     """What a row says of its prefill's chunks: ``chunked (N chunks of M)`` (and the last one's
     size where it is short) or ``one chunk``, plus ``unchunked: extrapolated past E`` where the
     whole prompt is past the tables' end ``E`` (0: unknown)."""
-    from rope_kernels.model.encoder_parallel import prefill_chunks
+    from rope_kernels.encoder_parallel import prefill_chunks
 
     steps = prefill_chunks(tokens, chunk)
     last = steps[-1][1] if steps else 0
@@ -468,7 +468,7 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
     (``prefill_ms``, ``ttft_ms``); the unchunked prefill is beside it (``prefill_unchunked_ms``,
     ``ttft_unchunked_ms``) and ``prefill_note`` says which chunks ran and where the unchunked
     prompt is past the tables. The hand model's FLOPs do not change with chunking."""
-    from rope_kernels.model.encoder_parallel import VLLM_MAX_NUM_BATCHED_TOKENS, prefill_chunks
+    from rope_kernels.encoder_parallel import VLLM_MAX_NUM_BATCHED_TOKENS, prefill_chunks
 
     chunk = VLLM_MAX_NUM_BATCHED_TOKENS if chunk_tokens is None else chunk_tokens
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
