@@ -369,6 +369,10 @@ def _launched_triton_kernels() -> set[tuple[str, str]]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and \
                     isinstance(node.func.value, ast.Name):
                 launched.add(node.func.value.id)
+            # a planned launch: KernelLaunch(kernel, ...) (kernels/launch_plan.py) launches it
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                    node.func.id == "KernelLaunch" and node.args and isinstance(node.args[0], ast.Name):
+                launched.add(node.args[0].id)
     return {(module, name) for name, module in jitted.items() if name in launched}
 
 
@@ -401,7 +405,8 @@ def test_checks_validate_and_switches_switch():
 
     names, contextvar, jit = defined("rope_kernels/kernels/checks.py")
     assert not contextvar and not jit
-    assert all(n.startswith(("check_", "_")) or n in ("may_overlap", "packed_qkv_of") for n in names), names
+    assert all(n.startswith(("check_", "_")) or n in ("may_overlap", "packed_qkv_of", "mark_written")
+               for n in names), names
     names, contextvar, jit = defined("rope_kernels/kernels/switches.py")
     assert contextvar and jit
     assert {"recording_launches", "launches_recorded", "triton_interpreter_enabled"} <= names

@@ -121,8 +121,8 @@ def check_writable_in_place(xq: torch.Tensor, xk: torch.Tensor,
     check_writes_do_not_overlap_reads(((q_name, xq), (k_name, xk)), reads)
 
 
-# torch.autograd.graph.increment_version's own C call, without its Python wrapper (half the
-# host time: 0.5 against 0.9 us a call on the shared CPU, 2026-12-07); else the public one
+# torch.autograd.graph.increment_version's own C call, without its Python wrapper (about half
+# its host time: docs/DECISIONS.md, "In-place writes and autograd"); else the public one
 _increment_version = getattr(torch._C, "_increment_version", None)
 if _increment_version is None:  # pragma: no cover
     from torch.autograd.graph import increment_version as _increment_version
