@@ -93,6 +93,14 @@ if [ $step = S ] || [ $step = A ]; then
   python3 -m rope_kernels peers status 2>&1 | grep -E "^[a-z_0-9]+ +(ran|absent)" | cut -c1-220 > $L/peers-$step.txt
   cut -c1-120 $L/peers-$step.txt
 fi
+# STUDY_PREFLIGHT (optional): a short check of the GPU code paths before this call's notebooks
+# (e.g. "python3 -m pytest -q -x tests/test_gpu.py"), in the copy, at most PREFLIGHT_LIMIT
+# seconds (default 120); its tail is printed and its log returned, and the notebooks run after
+# it either way (the printout says whether to stop the run)
+if [ -n "${STUDY_PREFLIGHT:-}" ]; then
+  timeout "${PREFLIGHT_LIMIT:-120}" bash -c "$STUDY_PREFLIGHT" > $L/preflight-$step.log 2>&1
+  echo "preflight rc=$? ($STUDY_PREFLIGHT)"; tail -15 $L/preflight-$step.log | cut -c1-300
+fi
 case $step in S) nbs="";; A) nbs="03";; B) nbs="02";; C) nbs="04 01 05 06";; esac
 [ -n "$nbs" ] || leave 0
 device=$(python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
