@@ -1,4 +1,5 @@
-"""One Triton launch that rotates q and k together (interleaved / GPT-J pairs).
+"""One Triton launch that rotates q and k together: interleaved / GPT-J pairs (Kimi, the
+default) or rotate-half / NeoX (Qwen's towers: ``rotation="half"``).
 
 Layout: whole-token rows. A program owns ``BLOCK_T`` whole tokens: each token's q row
 and k row, every head (``heads * head_dim`` elements, contiguous in a packed qkv: 2304
@@ -24,7 +25,15 @@ committed evidence is the launch-config sweep (``data/<device>/fused_configs.csv
 written by ``bench.microbench.sweep_fused_configs``), which times the default beside
 every candidate.
 
-All loads are issued before any store so they overlap in the memory system.
+The rotation is one composed function (``_rotate_row``) selected by a constexpr,
+``ROTATE_HALF``: "pairs" turns (x[2j], x[2j+1]) from the chunk's own registers (a
+reshape and split); "half" turns (x[j], x[j + D/2]), whose partner may sit in the
+other chunk, so each element's partner is loaded by its own address
+(``_half_partner``: the same cache lines, from L1) and cos/sin are gathered per
+element at column (e % D) % (D/2).
+
+All loads are issued before any store so they overlap in the memory system (in
+place, a rotate-half partner is read before anything of its row is written).
 ``n_tokens`` is not specialised: one compiled kernel serves every token count.
 The grid is one-dimensional (limit 2^31 - 1 programs) and token offsets are
 int64, so any T fits.
@@ -44,6 +53,7 @@ from rope_kernels.kernels.checks import (
     check_cos_sin,
     check_outputs_do_not_overlap,
     check_qk,
+    check_rotation,
     check_triton_device,
     check_writable_in_place,
 )
@@ -58,21 +68,52 @@ def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _gate_row_pairs(x, cos, sin, never, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
+def _half_partner(e, HEAD_DIM: tl.constexpr):
+    """Rotate-half: row element ``e``'s partner, D/2 on within its head (first half)
+    or D/2 back (second half); heads are whole in a row, so it stays in e's head."""
+    return tl.where(e % HEAD_DIM < HEAD_DIM // 2, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
+
+
+@triton.jit
+def _rotate_row_half(x, partner, e, cos, sin, HEAD_DIM: tl.constexpr):
+    """x[j] * cos - x[j + D/2] * sin (first half), x[j] * cos + x[j - D/2] * sin (second
+    half), cos/sin already gathered per element, in fp32."""
+    p = partner.to(tl.float32)
+    signed = tl.where(e % HEAD_DIM < HEAD_DIM // 2, -p, p)
+    return x.to(tl.float32) * cos + signed * sin
+
+
+@triton.jit
+def _rotate_row(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                HEAD_DIM: tl.constexpr, ROTATE_HALF: tl.constexpr):
+    """The rotation: interleaved pairs from the chunk's registers, or rotate-half with
+    each element's partner loaded by ``_half_partner``'s address."""
+    if ROTATE_HALF:
+        return _rotate_row_half(x, partner, e, cos, sin, HEAD_DIM)
+    return _rotate_row_pairs(x, cos, sin, BLOCK_T, WIDTH)
+
+
+@triton.jit
+def _gate_row_pairs(x, cos, sin, never, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                    ROTATE_HALF: tl.constexpr = False):
     """COPY mode: x unchanged (bit for bit) where its pair's cos and sin differ from
     ``never`` (a NaN at run time: always), else 0. The stores depend on the cos/sin
-    loads as the rotation's do, so the compiler keeps them; no arithmetic on x."""
+    loads as the rotation's do, so the compiler keeps them; no arithmetic on x.
+    (ROTATE_HALF: cos/sin are already one per element.)"""
     keep = (cos != never) & (sin != never)
+    if ROTATE_HALF:
+        return tl.where(keep, x, 0.0)
     return tl.where(tl.reshape(tl.join(keep, keep), (BLOCK_T, WIDTH)), x, 0.0)
 
 
 @triton.jit
-def _finish_row(x, cos, sin, never, out_ty, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
-                COPY: tl.constexpr):
+def _finish_row(x, partner, e, cos, sin, never, out_ty, BLOCK_T: tl.constexpr,
+                WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, COPY: tl.constexpr,
+                ROTATE_HALF: tl.constexpr):
     """What a chunk stores: its rotation, or in COPY mode the gated input."""
     if COPY:
-        return _gate_row_pairs(x, cos, sin, never, BLOCK_T, WIDTH).to(out_ty)
-    return _rotate_row_pairs(x, cos, sin, BLOCK_T, WIDTH).to(out_ty)
+        return _gate_row_pairs(x, cos, sin, never, BLOCK_T, WIDTH, ROTATE_HALF).to(out_ty)
+    return _rotate_row(x, partner, e, cos, sin, BLOCK_T, WIDTH, HEAD_DIM, ROTATE_HALF).to(out_ty)
 
 
 @triton.jit
@@ -88,14 +129,19 @@ def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
 @triton.jit
 def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
                  BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, ROTATE_HALF: tl.constexpr = False):
     """cos and sin (BLOCK_T, WIDTH/2) of the pairs of row elements ``e``: the pair's
     index within its head is (e % HEAD_DIM) / 2, so every head gathers the token's
     same HEAD_DIM/2 values (L1 hits after the first). Fetched per element in the
     layout of ``e`` and split like q, so cos/sin land in the registers of their
     pairs with no layout conversion. INTERLEAVED: cos/sin are the real and imaginary
-    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load."""
-    if INTERLEAVED:
+    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load.
+    ROTATE_HALF: (BLOCK_T, WIDTH), one per element, at column (e % HEAD_DIM) % (HEAD_DIM/2)."""
+    if ROTATE_HALF:
+        j = (e % HEAD_DIM) % (HEAD_DIM // 2)
+        c = tl.load(cos_tok + j * cos_stride_d, mask=mask, other=0.0)
+        s = tl.load(sin_tok + j * sin_stride_d, mask=mask, other=0.0)
+    elif INTERLEAVED:
         cs = tl.load(cos_tok + e % HEAD_DIM, mask=mask, other=0.0)
         c, s = tl.split(tl.reshape(cs, (BLOCK_T, WIDTH // 2, 2)))
     else:
@@ -126,6 +172,7 @@ def _fused_qk_rope_rows_kernel(
     EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
     COPY: tl.constexpr = False,  # store q and k unrotated: the same-bytes copy "fused" member
+    ROTATE_HALF: tl.constexpr = False,  # rotation="half": x[j] with x[j + D/2] (else pairs)
 ):
     """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head).
     COPY: the same program with the rotation replaced by a gate on cos/sin (same loads,
@@ -152,7 +199,16 @@ def _fused_qk_rope_rows_kernel(
     k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
                 mask=mask, other=0.0, eviction_policy=EVICTION)
     cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
+                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
+    if ROTATE_HALF:  # each element's rotate-half partner, by its own address
+        ep = _half_partner(e, HEAD_DIM)
+        qp = tl.load(q_tok + _row_offsets(ep, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask, other=0.0, eviction_policy=EVICTION)
+        kp = tl.load(k_tok + _row_offsets(ep, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask, other=0.0, eviction_policy=EVICTION)
+    else:  # pairs: partners are in the chunk's own registers
+        qp = q
+        kp = k
     if INVERSE:
         sin = -sin
     if REST > 0:
@@ -163,23 +219,36 @@ def _fused_qk_rope_rows_kernel(
         k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
                      mask=mask2, other=0.0, eviction_policy=EVICTION)
         cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
-                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
+                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
+        if ROTATE_HALF:
+            ep2 = _half_partner(e2, HEAD_DIM)
+            qp2 = tl.load(q_tok + _row_offsets(ep2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                          mask=mask2, other=0.0, eviction_policy=EVICTION)
+            kp2 = tl.load(k_tok + _row_offsets(ep2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                          mask=mask2, other=0.0, eviction_policy=EVICTION)
+        else:
+            qp2 = q2
+            kp2 = k2
         if INVERSE:
             sin2 = -sin2
 
     out_ty = q_out_ptr.dtype.element_ty
     tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(q, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             _finish_row(q, qp, e, cos, sin, never, out_ty, BLOCK_T, MAIN, HEAD_DIM, COPY,
+                         ROTATE_HALF), mask=mask,
              cache_modifier=STORE_CACHE)
     tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             _finish_row(k, cos, sin, never, out_ty, BLOCK_T, MAIN, COPY), mask=mask,
+             _finish_row(k, kp, e, cos, sin, never, out_ty, BLOCK_T, MAIN, HEAD_DIM, COPY,
+                         ROTATE_HALF), mask=mask,
              cache_modifier=STORE_CACHE)
     if REST > 0:
         tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(q2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 _finish_row(q2, qp2, e2, cos2, sin2, never, out_ty, BLOCK_T, REST, HEAD_DIM,
+                             COPY, ROTATE_HALF), mask=mask2,
                  cache_modifier=STORE_CACHE)
         tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 _finish_row(k2, cos2, sin2, never, out_ty, BLOCK_T, REST, COPY), mask=mask2,
+                 _finish_row(k2, kp2, e2, cos2, sin2, never, out_ty, BLOCK_T, REST, HEAD_DIM,
+                             COPY, ROTATE_HALF), mask=mask2,
                  cache_modifier=STORE_CACHE)
 
 
@@ -349,6 +418,7 @@ def fused_qk_rope(
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
+    rotation: str = "pairs",
     inplace: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: RowsConfig | None = None,
@@ -359,7 +429,10 @@ def fused_qk_rope(
         xq, xk: (T, H, D) fp32/fp16/bf16, any strides with a unit last stride
             (e.g. views of a packed (T, 3, H, D) qkv).
         cos, sin: fp32 (T, D/2), contiguous or strided (e.g. the real and
-            imaginary views of a complex64 ``freqs_cis``).
+            imaginary views of a complex64 ``freqs_cis``): column j is pair j's angle.
+        rotation: how a head's elements pair up (``vocabulary.ROTATIONS``): "pairs"
+            (Kimi's interleaved x[2j], x[2j+1]; the default) or "half" (Qwen's
+            rotate-half x[j], x[j + D/2]).
         inplace: write into ``xq``/``xk`` and return them (q and k must not
             share memory).
         out: optional preallocated (q_out, k_out) of shape (T, H, D) and the
@@ -376,9 +449,10 @@ def fused_qk_rope(
     with the arguments derived then (see ``planned_call``).
     """
     if out is None and config is None:
-        done = planned_call(xq, xk, cos, sin, inplace)
+        done = planned_call(xq, xk, cos, sin, inplace, rotation)
         if done is not None:
             return done
+    check_rotation(rotation)
     check_qk(xq, xk)
     check_cos_sin(cos, sin, xq)
     if not isinstance(inplace, bool):
@@ -406,16 +480,16 @@ def fused_qk_rope(
                              "leave out unset or use torch.no_grad()")
         q_out, k_out = _check_out(out, xq, xk, reads=(("cos", cos), ("sin", sin)))
     elif needs_grad:
-        return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
+        return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config, rotation)
     else:
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
     if out is None and config is None and not needs_grad:
-        plan = _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace)
+        plan = _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace, rotation)
         if plan is not None:
             plan.launch(xq, xk, q_out, k_out, cos, sin)
             return q_out, k_out
-    launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+    launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False, rotation=rotation)
     return q_out, k_out
 
 
@@ -490,12 +564,12 @@ def _extent(x: torch.Tensor) -> int:
     return (sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1) * x.element_size()
 
 
-def _plan_key(xq, xk, cos, sin, inplace):
+def _plan_key(xq, xk, cos, sin, inplace, rotation="pairs"):
     """The layout a plan is valid for, or None where only the full path may decide
     (not plain tensors, meta tensors, autograd involved)."""
     T = torch.Tensor
     if not (type(xq) is T and type(xk) is T and type(cos) is T and type(sin) is T
-            and type(inplace) is bool):
+            and type(inplace) is bool and type(rotation) is str):
         return None
     if torch.is_grad_enabled() and (xq.requires_grad or xk.requires_grad or cos.requires_grad
                                     or sin.requires_grad):
@@ -507,17 +581,17 @@ def _plan_key(xq, xk, cos, sin, inplace):
     return (xq.shape, xq.stride(), xk.shape, xk.stride(), xq.dtype, xk.dtype, device, xk.device,
             cos.shape, cos.stride(), sin.shape, sin.stride(), cos.dtype, sin.dtype, cos.device,
             sin.device, xq.data_ptr() % 16, xk.data_ptr() % 16, cp % 16, sin.data_ptr() - cp == 4,
-            inplace)
+            inplace, rotation)
 
 
 def _apart(a0: int, a_len: int, b0: int, b_len: int) -> bool:
     return a0 + a_len <= b0 or b0 + b_len <= a0
 
 
-def planned_call(xq, xk, cos, sin, inplace):
+def planned_call(xq, xk, cos, sin, inplace, rotation="pairs"):
     """The call on a checked layout (``_LaunchPlan``), or None: not seen before, or an
     address-dependent check that the full path must make."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
+    key = _plan_key(xq, xk, cos, sin, inplace, rotation)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         return None
@@ -539,10 +613,10 @@ def planned_call(xq, xk, cos, sin, inplace):
     return q_out, k_out
 
 
-def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
+def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace, rotation="pairs"):
     """After the full checks passed: the plan for this layout (made once), with this
     call's q-k delta recorded as checked; None where no plan applies."""
-    key = _plan_key(xq, xk, cos, sin, inplace)
+    key = _plan_key(xq, xk, cos, sin, inplace, rotation)
     if key is None or (not inplace and (q_out.data_ptr() | k_out.data_ptr()) % 16):
         return None
     plan = _PLANS.get(key)
@@ -566,9 +640,9 @@ def _remember_plan(xq, xk, q_out, k_out, cos, sin, inplace):
             constexprs = dict(
                 HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t,
                 VEC=vec, CS_VEC=cs_vec, HEADS_ADJACENT=adjacent,
-                INTERLEAVED=interleaved_cos_sin(cos, sin), INVERSE=False,
+                INTERLEAVED=interleaved_cos_sin(cos, sin) and rotation == "pairs", INVERSE=False,
                 EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-                COPY=False)
+                COPY=False, ROTATE_HALF=rotation == "half")
             warps = config.num_warps
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
@@ -586,12 +660,12 @@ class _FusedQKRopeFunction(torch.autograd.Function):
     gradient is the same rotation by -angle (same kernel, one launch)."""
 
     @staticmethod
-    def forward(ctx, xq, xk, cos, sin, config):
+    def forward(ctx, xq, xk, cos, sin, config, rotation="pairs"):
         ctx.save_for_backward(cos, sin)
-        ctx.config = config
+        ctx.config, ctx.rotation = config, rotation
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False)
+        launch_rows(xq, xk, q_out, k_out, cos, sin, config, inverse=False, rotation=rotation)
         return q_out, k_out
 
     @staticmethod
@@ -606,14 +680,15 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         dq, dk = grads
         gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
         gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
-        launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
-        return gq, gk, None, None, None
+        launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True, rotation=ctx.rotation)
+        return gq, gk, None, None, None, None
 
 
 def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
             inverse: bool = False, copy_never: float | None = None,
-            n_tokens: int | None = None) -> None:
+            n_tokens: int | None = None, rotation: str = "pairs") -> None:
     """Launch the rows kernel on checked tensors (``fused_qk_rope``'s launch).
+    ``rotation``: "pairs" or "half" (checked by the caller).
     ``copy_never`` (a float, NaN for a real copy): the COPY mode the same-bytes copy's
     ``fused`` member launches; ``n_tokens`` (tests only): stop short of the tensors."""
     tokens, heads, head_dim = xq.shape
@@ -627,7 +702,8 @@ def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     check_triton_device(xq, "fused_qk_rope")
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     adjacent = heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out))
-    interleaved = interleaved_cos_sin(cos, sin)
+    half = rotation == "half"
+    interleaved = interleaved_cos_sin(cos, sin) and not half  # the pairs-only vector load
     cs_vec = cos_sin_vector(cos, sin)
     _fused_qk_rope_rows_kernel[fused_grid(tokens, config)](
         xq, xk, q_out, k_out, cos, sin, n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
@@ -636,7 +712,7 @@ def launch_rows(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
         CS_VEC=cs_vec, HEADS_ADJACENT=adjacent, INTERLEAVED=interleaved, INVERSE=inverse,
         EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-        COPY=copy_never is not None, num_warps=config.num_warps,
+        COPY=copy_never is not None, ROTATE_HALF=half, num_warps=config.num_warps,
     )
 
 
