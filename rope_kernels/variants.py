@@ -1,10 +1,13 @@
 """Every RoPE implementation the study compares, behind one registry.
 
-``VARIANTS[name](xq, xk, freqs_cis) -> (q, k)``: all compute the same function
-(Kimi's interleaved rotation, outputs in the input dtype), and
-``VARIANTS[name].packed(qkv, freqs_cis, cos, sin) -> (q, k, v)`` is how the encoder
-calls it on a layer's packed (T, 3, H, D) qkv (in-place peers rotate the packed
-buffer and return its views). Beside each: the kernel launches one call makes
+``VARIANTS[name](xq, xk, freqs_cis, rotation="pairs") -> (q, k)``: all compute the same
+function (Kimi's interleaved rotation by default, outputs in the input dtype), and
+``VARIANTS[name].packed(qkv, freqs_cis, cos, sin, rotation="pairs") -> (q, k, v)`` is how
+the encoder calls it on a layer's packed (T, 3, H, D) qkv (in-place peers rotate the packed
+buffer and return its views). ``rotation`` (``vocabulary.ROTATIONS``): "pairs" (Kimi) or
+"half" (Qwen's rotate-half); ``Variant.rotations`` lists what a variant implements, and a
+variant implementing more than "pairs" takes ``rotation=`` in its ``fn``/``packed_fn``
+(and its ``head_dim_rule``). Beside each: the kernel launches one call makes
 (derived from its code, checked by ``count_launches`` on the CPU and the profiler on
 a GPU), the dtypes and layouts it supports, and for other people's code the package,
 version and sha256 of the file it runs (empty for this project's own variants).
@@ -30,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_rotation
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
 from rope_kernels.kernels.fused import planned_call
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
@@ -40,6 +43,7 @@ from rope_kernels.vocabulary import (  # noqa: F401
     KNOWN_VARIANTS,
     OWN_VARIANTS,
     PEER_VARIANTS,
+    ROTATIONS,
 )
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -66,33 +70,50 @@ class Variant:
     peer_package: str = ""
     peer_version: str = ""
     peer_sha256: str = ""  # of the source file it runs ("+"-joined for several)
+    rotations: tuple[str, ...] = ("pairs",)  # the rotations it implements (vocabulary.ROTATIONS)
 
-    def __call__(self, xq, xk, freqs_cis):
-        return self.fn(xq, xk, freqs_cis)
+    def rotation_kwargs(self, rotation: str = "pairs") -> dict:
+        """What ``fn``/``packed_fn``/``head_dim_rule`` get for ``rotation``: nothing for a
+        pairs-only variant, ``rotation=`` for one that implements several; a rotation it
+        does not implement is refused (ValueError, with the ones it does)."""
+        check_rotation(rotation)
+        if rotation not in self.rotations:
+            raise ValueError(f"{self.name} implements rotation {', '.join(self.rotations)} only, "
+                             f"not {rotation!r}")
+        return {} if self.rotations == ("pairs",) else {"rotation": rotation}
+
+    def __call__(self, xq, xk, freqs_cis, rotation: str = "pairs"):
+        return self.fn(xq, xk, freqs_cis, **self.rotation_kwargs(rotation))
 
     def packed(self, qkv: torch.Tensor, freqs_cis: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               sin: torch.Tensor, rotation: str = "pairs"
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """RoPE on a layer's packed qkv, as an engine calls it; cos/sin are freqs_cis's views."""
+        kw = self.rotation_kwargs(rotation)
         if self.packed_fn is not None:
-            return self.packed_fn(qkv, freqs_cis, cos, sin)
+            return self.packed_fn(qkv, freqs_cis, cos, sin, **kw)
         q, k, v = qkv.unbind(1)
-        q, k = self.fn(q, k, freqs_cis)
+        q, k = self.fn(q, k, freqs_cis, **kw)
         return q, k, v
 
     def launch_count(self, dtype: torch.dtype) -> int:
         return self.launches_fp32 if dtype == torch.float32 else self.launches
 
     def unsupported(self, dtype: torch.dtype, *, packed: bool = True,
-                    head_dim: int | None = None) -> str:
+                    head_dim: int | None = None, rotation: str = "pairs") -> str:
         """Why this variant cannot take these inputs ("" when it can); ``head_dim``
         (None: not asked) is checked against ``head_dim_rule``."""
+        check_rotation(rotation)
+        if rotation not in self.rotations:
+            return (f"{self.name} implements rotation {', '.join(self.rotations)} only "
+                    f"(not {rotation})")
         if dtype not in self.dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"{self.name} supports {names} only"
         if self.packed_only and not packed:
             return f"{self.name} needs q/k as slices of a contiguous packed (T, 3, H, D) qkv"
         if head_dim is not None and self.head_dim_rule is not None:
-            ok, why = self.head_dim_rule(head_dim, dtype)
+            ok, why = self.head_dim_rule(head_dim, dtype, **self.rotation_kwargs(rotation))
             if not ok:
                 return why or f"{self.name} does not support head_dim {head_dim}"
         return ""
@@ -104,7 +125,7 @@ class Variant:
                 "peer_sha256": self.peer_sha256}
 
 
-def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
+def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False, rotation: str = "pairs"):
     """The fused kernel reading cos/sin straight out of freqs_cis (no copy).
 
     On a layout ``fused_qk_rope`` has checked before, the call goes its planned way, whose
@@ -113,28 +134,28 @@ def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
     freqs_cis alive (a view keeps its base)."""
     if type(freqs_cis) is torch.Tensor and freqs_cis.dtype is torch.complex64:
         cos, sin = cos_sin_views(freqs_cis)
-        done = planned_call(xq, xk, cos, sin, inplace)
+        done = planned_call(xq, xk, cos, sin, inplace, rotation)
         if done is not None:
             return done
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     cos, sin = cos_sin_views(freqs_cis)
-    return fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
+    return fused_qk_rope(xq, xk, cos, sin, inplace=inplace, rotation=rotation)
 
 
-def fused_rope_inplace(xq, xk, freqs_cis):
+def fused_rope_inplace(xq, xk, freqs_cis, rotation: str = "pairs"):
     """The fused kernel writing into xq/xk (e.g. into the packed qkv buffer)."""
-    return fused_rope(xq, xk, freqs_cis, inplace=True)
+    return fused_rope(xq, xk, freqs_cis, inplace=True, rotation=rotation)
 
 
-def _fused_packed(qkv, freqs_cis, cos, sin, *, inplace: bool = False):
+def _fused_packed(qkv, freqs_cis, cos, sin, *, inplace: bool = False, rotation: str = "pairs"):
     q, k, v = qkv.unbind(1)
-    q, k = fused_qk_rope(q, k, cos, sin, inplace=inplace)
+    q, k = fused_qk_rope(q, k, cos, sin, inplace=inplace, rotation=rotation)
     return q, k, v
 
 
-def _fused_inplace_packed(qkv, freqs_cis, cos, sin):
-    return _fused_packed(qkv, freqs_cis, cos, sin, inplace=True)
+def _fused_inplace_packed(qkv, freqs_cis, cos, sin, rotation: str = "pairs"):
+    return _fused_packed(qkv, freqs_cis, cos, sin, inplace=True, rotation=rotation)
 
 
 # -- peers -------------------------------------------------------------------------
@@ -196,10 +217,12 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
                 "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor)"),
         Variant("fused", fused_rope, 1, 1,
                 "one Triton launch for q and k, cos/sin read from freqs_cis, out of place",
-                packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
+                packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,),
+                rotations=ROTATIONS),
         Variant("fused_inplace", fused_rope_inplace, 1, 1,
                 "the fused kernel writing into xq/xk", inplace=True,
-                packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
+                packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,),
+                rotations=ROTATIONS),
         Variant("vllm_merged_recreated", vllm_merged_recreated_rope, 8, 4,
                 "this project's re-creation of the merged PR path (its own rotary kernel "
                 "in flash-attention's style; a CPU-test stand-in, not vLLM's code)",

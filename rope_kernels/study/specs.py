@@ -315,7 +315,8 @@ def _family_rows(item) -> dict:
 
 
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
-MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
+MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "rotation",
+                  "device_name")
 ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
@@ -349,6 +350,20 @@ def _all_supported(old):
     import pandas as pd
 
     return pd.Series(True, index=old.index)
+
+
+def _pairs(old):
+    """Rows from before the rotation column (issue 43) all rotated Kimi's interleaved pairs."""
+    import pandas as pd
+
+    return pd.Series("pairs", index=old.index)
+
+
+def _no_tower(old):
+    """Rows from before the tower column named no tower (shapes given by hand)."""
+    import pandas as pd
+
+    return pd.Series("", index=old.index)
 
 
 def _never_in_place(old):
@@ -399,9 +414,11 @@ RESULT_FILES: dict[str, Table] = {
                                                   "same_bytes_copy_p20_us",
                                                   "same_bytes_copy_p80_us",
                                                   "host_us", "host_p20_us", "host_p80_us",
-                                                  "host_calls", "launch_floor_us"),
+                                                  "host_calls", "launch_floor_us",
+                                                  "rotation", "tower"),
                             derived={"in_place": _old_rows_in_place,
-                                     "same_bytes_copy_tiling": _only_the_row_tiling},
+                                     "same_bytes_copy_tiling": _only_the_row_tiling,
+                                     "rotation": _pairs, "tower": _no_tower},
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
                             # superseded by the SM same-bytes copy above.
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
@@ -419,10 +436,11 @@ RESULT_FILES: dict[str, Table] = {
                                # the tiles kernel was the default strategy, "grid", until
                                # whole-token rows became the default
                                recoded={"strategy": {"grid": "tiles"}}),
-    CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
+    CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "rotation",
+                            "device_name"),
                              # rows from before supported/reason were all run (supported)
-                             added=("supported", "reason") + PEER_COLUMNS + ("seed",),
-                             derived={"supported": _all_supported}),
+                             added=("supported", "reason") + PEER_COLUMNS + ("seed", "rotation"),
+                             derived={"supported": _all_supported, "rotation": _pairs}),
     LAUNCHES_CSV: Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
                           renamed={"study_facts": "derived_from_code"},
                           added=PEER_COLUMNS),
