@@ -70,9 +70,26 @@ def _shape_problem(item) -> str | None:
 
 
 def _family_problem(item) -> str | None:
-    if not isinstance(item, dict) or set(item) != {"tokens", "heads", "head_dim"}:
-        return f"each family must be {{tokens: ..., heads: ..., head_dim: ...}}, got {item!r}"
+    """{tokens, heads, head_dim} (optionally rotation and tower), or {tower} alone (its
+    shapes from ``towers.py``)."""
+    from rope_kernels.towers import TOWERS
+    from rope_kernels.vocabulary import ROTATIONS
+
+    if isinstance(item, dict) and set(item) == {"tower"}:
+        if item["tower"] not in TOWERS:
+            return f"unknown tower {item['tower']!r}; known: {', '.join(TOWERS)}"
+        return None
+    if (not isinstance(item, dict) or not {"tokens", "heads", "head_dim"} <= set(item)
+            or set(item) - {"tokens", "heads", "head_dim", "rotation", "tower"}):
+        return ("each family must be {tokens: ..., heads: ..., head_dim: ...} (optionally "
+                f"rotation: pairs|half, tower: name) or {{tower: name}}, got {item!r}")
+    if item.get("rotation", "pairs") not in ROTATIONS:
+        return f"family rotation must be one of {ROTATIONS}, got {item['rotation']!r}"
+    if "tower" in item and item["tower"] not in TOWERS:
+        return f"unknown tower {item['tower']!r}; known: {', '.join(TOWERS)}"
     for field_name, values in item.items():
+        if field_name in ("rotation", "tower"):
+            continue
         values = values if isinstance(values, list) else [values]
         if not values:
             return f"family {field_name} is empty"
@@ -81,6 +98,14 @@ def _family_problem(item) -> str | None:
                 return f"family {field_name} must hold ints >= 1, got {v!r}"
             if field_name == "head_dim" and _head_dim_problem(v):
                 return _head_dim_problem(v)
+    return None
+
+
+def _rotations_rule(v, kind) -> str | None:
+    from rope_kernels.vocabulary import ROTATIONS
+
+    if not isinstance(v, list) or not v or any(r not in ROTATIONS for r in v) or len(set(v)) < len(v):
+        return f"must be a non-empty list of distinct rotations from {ROTATIONS}, got {v!r}"
     return None
 
 
@@ -311,7 +336,14 @@ def _as_list(value) -> list:
 
 
 def _family_rows(item) -> dict:
-    return {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
+    if isinstance(item, dict) and set(item) == {"tower"}:
+        from rope_kernels.towers import tower_families
+
+        item = tower_families([item["tower"]])[0]
+    rows = {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
+    if "rotation" in item:
+        rows["rotation"] = [item["rotation"]]
+    return rows
 
 
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
@@ -481,6 +513,9 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "dtypes": Param(["float32", "bfloat16", "float16"], list_of(_dtype_item)),
         "shapes": Param([[7, 3, 72], [16, 2, 128], [1, 1, 4]], _SHAPE_LIST),
         "variants": Param([], variant_names(allow_empty=True), variants=True),
+        # every shape is checked in each rotation (vocabulary.ROTATIONS; a variant that does
+        # not implement one gets a row saying so)
+        "rotations": Param(["pairs", "half"], _rotations_rule),
         "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),

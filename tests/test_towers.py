@@ -1,0 +1,122 @@
+"""The tower catalogue (``rope_kernels.towers``): each tower's token counts from its own
+image rule, Qwen's rotate-half angle layout, and a new tower as one entry that reaches the
+microbench's shapes."""
+
+import math
+
+import pytest
+import torch
+
+from rope_kernels import towers
+from rope_kernels.bench.microbench import Shape, expand_families
+from rope_kernels.kernels.freqs import qwen_patch_coords, qwen_vision_freqs_cis, tower_freqs_cis
+from rope_kernels.study.specs import _family_problem, _family_rows
+
+
+# (tower, resolution) -> patches a side, worked out by hand from each model's rule:
+# Kimi: sides padded up to 28 px (448 -> 16 x 2 = 32; 1024 -> 37 x 2 = 74 patches).
+# Qwen2.5-VL: sides rounded to 28 px (448 -> 448, 1024 -> 1036), under max_pixels 12845056:
+#   32 and 74 patches of 14 px. Qwen3-VL: 32 px (448 -> 448, 1024 -> 1024), patches of 16 px:
+#   28 and 64.
+SIDES = {("kimi_k25", "448x448"): 32, ("kimi_k25", "1024x1024"): 74,
+         ("qwen25_vl", "448x448"): 32, ("qwen25_vl", "1024x1024"): 74,
+         ("qwen3_vl", "448x448"): 28, ("qwen3_vl", "1024x1024"): 64}
+
+
+@pytest.mark.parametrize("tower,resolution", sorted(SIDES))
+@pytest.mark.parametrize("images", [1, 4, 16])
+def test_each_towers_token_counts_come_from_its_image_rule(tower, resolution, images):
+    assert towers.get_tower(tower).tokens(resolution, images) == images * SIDES[tower, resolution] ** 2
+
+
+def test_the_microbench_counts_are_1_4_16_images_of_448_and_1024():
+    want = sorted({n * SIDES["qwen3_vl", r] ** 2 for r in ("448x448", "1024x1024") for n in (1, 4, 16)})
+    assert list(towers.tower_token_counts("qwen3_vl")) == want
+
+
+def test_qwen_smart_resize_scales_into_its_pixel_bounds():
+    # 8000 x 8000 is over Qwen3-VL's 16777216 pixels: scaled down, sides multiples of 32
+    h, w = towers.qwen_smart_resize(8000, 8000, 32, 65536, 16777216)
+    assert h * w <= 16777216 and h % 32 == 0 and w % 32 == 0 and h == w == 4096
+    # 64 x 64 is under 65536 pixels: scaled up to 256 x 256
+    assert towers.qwen_smart_resize(64, 64, 32, 65536, 16777216) == (256, 256)
+
+
+def test_the_catalogue_holds_the_published_geometry():
+    k, q3, q25 = (towers.get_tower(n) for n in ("kimi_k25", "qwen3_vl", "qwen25_vl"))
+    assert (k.layers, k.hidden, k.heads, k.head_dim, k.rotation) == (27, 1152, 16, 72, "pairs")
+    assert (q3.layers, q3.hidden, q3.heads, q3.head_dim, q3.mlp, q3.patch_size, q3.rotation) == \
+        (27, 1152, 16, 72, 4304, 16, "half")
+    assert (q25.layers, q25.hidden, q25.heads, q25.head_dim, q25.mlp, q25.patch_size) == \
+        (32, 1280, 16, 80, 3420, 14)
+    assert q25.full_attention_layers == (7, 15, 23, 31) and q25.windowed_layers == 28
+    assert q3.windowed_layers == 0 and k.windowed_layers == 0
+    assert all(t.source for t in towers.TOWERS.values())
+
+
+def test_a_registered_dummy_tower_reaches_the_microbench_shapes():
+    dummy = towers.Tower("dummy_vit", "dummy", layers=2, hidden=3 * 40, heads=3, mlp=64,
+                         patch_size=10, merge_size=2, image_rule="qwen_smart_resize",
+                         rotation="half", min_pixels=400, max_pixels=10 ** 8)
+    towers.register(dummy)
+    try:
+        assert _family_problem({"tower": "dummy_vit"}) is None
+        shapes = expand_families([{"tower": "dummy_vit"}])
+        # 448 -> 440 px (multiple of 20): 44 patches a side; 1024 -> 1020: 102
+        want = sorted({n * s * s for s in (44, 102) for n in (1, 4, 16)})
+        assert [s.tokens for s in shapes] == want
+        assert all(s == Shape(s.tokens, 3, 40, "half") and s.tower == "dummy_vit" for s in shapes)
+        assert _family_rows({"tower": "dummy_vit"})["rotation"] == ["half"]
+        with pytest.raises(ValueError, match="registered already"):
+            towers.register(dummy)
+    finally:
+        towers.unregister("dummy_vit")
+    assert "unknown tower" in _family_problem({"tower": "dummy_vit"})
+    with pytest.raises(ValueError, match="unknown tower"):
+        expand_families([{"tower": "dummy_vit"}])
+
+
+def test_a_bad_tower_is_refused():
+    with pytest.raises(ValueError, match="rotation"):
+        towers.Tower("x", "x", 1, 64, 4, 8, 14, 2, "kimi", "neox")
+    with pytest.raises(ValueError, match="layer indexes"):
+        towers.Tower("x", "x", 4, 64, 4, 8, 14, 2, "kimi", "pairs", full_attention_layers=(4,),
+                     window_px=112)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        towers.Tower("x", "x", 1, 60, 6, 8, 14, 2, "kimi", "pairs")
+
+
+def test_qwen_angles_are_row_then_column_halves_in_merge_window_order():
+    """Against the layout written out here: vLLM's rot_pos_emb (positions in 2x2 window
+    order, the (D/2)-dim rotary embedding of each axis, row half then column half)."""
+    grid, head_dim, theta = [(1, 4, 6), (2, 2, 2)], 16, 10000.0
+    freqs = qwen_vision_freqs_cis(grid, head_dim, theta=theta)
+    dim = head_dim // 2
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    rows = []
+    for t, h, w in grid:
+        for _ in range(t):
+            for wr in range(h // 2):
+                for wc in range(w // 2):
+                    for r in range(2):
+                        for c in range(2):
+                            rows.append((2 * wr + r, 2 * wc + c))
+    pos = torch.tensor(rows, dtype=torch.float64)
+    want = torch.cat((pos[:, :1] * inv, pos[:, 1:] * inv), dim=-1)
+    assert freqs.shape == (sum(t * h * w for t, h, w in grid), head_dim // 2)
+    assert torch.allclose(freqs.angle().double(), torch.atan2(want.sin(), want.cos()), atol=1e-5)
+    assert qwen_patch_coords(grid)[:4].tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    with pytest.raises(ValueError, match="multiples of merge_size"):
+        qwen_patch_coords([(1, 3, 4)])
+
+
+def test_tower_freqs_follow_the_towers_rotation():
+    grid = [(1, 4, 4)]
+    kimi = tower_freqs_cis("kimi_k25", grid)
+    qwen = tower_freqs_cis("qwen3_vl", grid)
+    assert kimi.shape == qwen.shape == (16, 36)
+    # the same angles, laid out for their rotations: Kimi alternates column/row pairs
+    # row-major, Qwen puts the row half first in window order
+    assert not torch.allclose(kimi, qwen)
+    assert math.isclose(sorted(kimi.angle().abs().flatten().tolist())[-1],
+                        sorted(qwen.angle().abs().flatten().tolist())[-1], rel_tol=1e-6)
