@@ -99,6 +99,8 @@ def device_summary(micro: pd.DataFrame, ttft: pd.DataFrame, pr: pd.DataFrame | N
         row["device_name"] = micro["device_name"].iloc[0]
         row["microbench_commit"] = ", ".join(sorted(set(micro["git_commit"].astype(str))))
         g = micro[(micro["mode"] == "cudagraph") & (micro["dtype"] == "bfloat16")]
+        if "rotation" in g.columns:  # Kimi's rows: interleaved pairs (Qwen3-VL is 16 x 72 too)
+            g = g[g["rotation"].fillna("pairs") == "pairs"]
         kimi = g[(g["heads"] == KIMI[0]) & (g["head_dim"] == KIMI[1])]
         fused = kimi[kimi["variant"] == "fused"]
         if not fused.empty:

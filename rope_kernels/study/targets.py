@@ -252,7 +252,10 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
             out[table] = pd.DataFrame()
             continue
         # read_table renames older columns (TABLES) and refuses a file lacking these
-        out[table] = read_table(path, required=TABLE_VALUES.get(table, ()))
+        rows = read_table(path, required=TABLE_VALUES.get(table, ()))
+        if "rotation" in rows.columns:  # the targets are Kimi's: interleaved pairs (issue 43)
+            rows = rows[rows["rotation"].fillna("pairs") == "pairs"]
+        out[table] = rows
     out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
         if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
     return out
