@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rope_kernels.kernels.checks import check_rotation
-from rope_kernels.kernels.reference import cos_sin_views, native_rope, rope_cos_sin, rope_reference
+from rope_kernels.kernels.reference import native_rope, rope_reference
 
 FP32_REL_TOL = 1e-5
 LOWP_RATIO = 2.0
@@ -182,8 +182,8 @@ def check_variant(
 
     ``rotation`` ("pairs" or "half"): the float64 reference pairs each head that way and
     a registry ``Variant`` is called with it (``fn(xq, xk, freqs_cis, rotation)``); the
-    low-precision yardstick for "half" is the plain fp32 cos/sin form rounded once
-    (``rope_cos_sin``: Kimi's native path rotates pairs only).
+    low-precision yardstick is native's own error in that rotation (for "half", Qwen's
+    PyTorch path: ``native_rope``).
     """
     check_rotation(rotation)
     if inplace is None:
@@ -202,10 +202,7 @@ def check_variant(
             seed=seed, rotation=rotation)
     inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
     ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis, rotation)
-    if rotation == "pairs":
-        native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
-    else:
-        native = rope_cos_sin(inp.xq, inp.xk, *cos_sin_views(inp.freqs_cis), rotation)
+    native = native_rope(inp.xq, inp.xk, inp.freqs_cis, rotation)
     native_err = max_abs_error(native, ref)
     watched = _untouchable(inp, inplace)
     before = [t.clone() for t in watched]

@@ -71,6 +71,8 @@ class Variant:
     peer_version: str = ""
     peer_sha256: str = ""  # of the source file it runs ("+"-joined for several)
     rotations: tuple[str, ...] = ("pairs",)  # the rotations it implements (vocabulary.ROTATIONS)
+    # (bf16/fp16, fp32) launches of a rotate-half call where they differ from pairs' (None: same)
+    launches_half: tuple[int, int] | None = None
 
     def rotation_kwargs(self, rotation: str = "pairs") -> dict:
         """What ``fn``/``packed_fn``/``head_dim_rule`` get for ``rotation``: nothing for a
@@ -96,7 +98,9 @@ class Variant:
         q, k = self.fn(q, k, freqs_cis, **kw)
         return q, k, v
 
-    def launch_count(self, dtype: torch.dtype) -> int:
+    def launch_count(self, dtype: torch.dtype, rotation: str = "pairs") -> int:
+        if rotation == "half" and self.launches_half is not None:
+            return self.launches_half[dtype == torch.float32]
         return self.launches_fp32 if dtype == torch.float32 else self.launches
 
     def unsupported(self, dtype: torch.dtype, *, packed: bool = True,
@@ -214,7 +218,9 @@ def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
     status: list[PeerStatus] = []
     variants = [
         Variant("native", native_rope, 6, 2,
-                "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor)"),
+                "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor); "
+                "rotate-half: Qwen's apply_rotary_pos_emb_vision (upcast, x cos + rotate_half(x) "
+                "sin, cast back)", rotations=ROTATIONS, launches_half=(14, 10)),
         Variant("fused", fused_rope, 1, 1,
                 "one Triton launch for q and k, cos/sin read from freqs_cis, out of place",
                 packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,),

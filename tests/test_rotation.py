@@ -139,3 +139,22 @@ def test_a_bad_rotation_is_refused_with_the_list(bad, error, device):
     with pytest.raises(error, match="pairs.*half"):
         fused_qk_rope(qkv[:, 0], qkv[:, 1], cos, sin, rotation=bad, inplace=True)
     assert torch.equal(qkv, before), "a refused call wrote"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_native_rotate_half_is_qwens_path_and_its_launches_are_counted(dtype):
+    """native with rotation="half" is Qwen's PyTorch path (14 launches on bf16, 10 on fp32,
+    as ``Variant.launches_half`` records) and matches the float64 rotate-half."""
+    from rope_kernels.bench.launches import count_launches
+    from rope_kernels.variants import VARIANTS
+
+    qkv, cos, sin = draw(3, 2, 8, dtype, new_seed())
+    freqs = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))
+    native = VARIANTS["native"]
+    q, _ = native(qkv[:, 0], qkv[:, 1], freqs, rotation="half")  # warm: cos/sin built once
+    ref = rotate_half_f64(qkv[:, 0], cos, sin)
+    tol = (1e-5 * ref.abs().max().item() if dtype == torch.float32
+           else tolerance(qkv[:, 0], cos, sin, dtype)[0])
+    assert (q.double() - ref).abs().max().item() <= tol
+    total, per_kernel = count_launches(native, qkv[:, 0], qkv[:, 1], freqs, rotation="half")
+    assert total == native.launch_count(dtype, "half") != native.launch_count(dtype), per_kernel

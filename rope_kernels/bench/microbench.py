@@ -270,7 +270,7 @@ def bench_shape(
                 "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launch_floor_us": timed.timings[LAUNCH_FLOOR].median_us,
-                "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
+                "launches": variant.launch_count(dtype, rotation), "peak_mem_mb": mems[variant.name],
                 "host_us": hosts[variant.name].median_us,
                 "host_p20_us": hosts[variant.name].p20_us,
                 "host_p80_us": hosts[variant.name].p80_us, "host_calls": host_calls,

@@ -38,19 +38,51 @@ def join_pairs(first: torch.Tensor, second: torch.Tensor, rotation: str = "pairs
 
 
 def native_rope(
-    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
+    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor, rotation: str = "pairs"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kimi's pre-PR path: fp32 upcast, complex multiply, cast back.
 
     Per tensor this launches an upcast copy, the complex multiply and the
     downcast: 3 kernels, 6 for q and k (2 when the data is already fp32).
+
+    ``rotation="half"``: Qwen's own PyTorch path instead (transformers'
+    ``apply_rotary_pos_emb_vision`` for Qwen2.5-VL/Qwen3-VL: fp32 upcast,
+    ``x * cos + rotate_half(x) * sin`` with cos/sin repeated over both halves, cast
+    back): per tensor upcast, multiply, negate, cat, multiply, add, downcast, 7
+    kernels, 14 for q and k (10 on fp32 data); the (T, D) cos/sin are built once per
+    freqs_cis, as the model builds them once per forward.
     """
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
+    if check_rotation(rotation) == "half":
+        return _native_rotate_half(xq, xk, freqs_cis)
     freqs = freqs_cis.unsqueeze(-2)  # (T, 1, D/2): broadcast over heads
     q_out = torch.view_as_real(_as_complex_pairs(xq) * freqs).flatten(-2)
     k_out = torch.view_as_real(_as_complex_pairs(xk) * freqs).flatten(-2)
     return q_out.type_as(xq), k_out.type_as(xk)
+
+
+def _qwen_cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen's (T, D) cos and sin: each half-width angle table repeated over both halves."""
+    angles_cos, angles_sin = freqs_cis.real, freqs_cis.imag
+    return (torch.cat((angles_cos, angles_cos), -1).unsqueeze(-2),
+            torch.cat((angles_sin, angles_sin), -1).unsqueeze(-2))
+
+
+def _native_rotate_half(xq, xk, freqs_cis):
+    from rope_kernels.peers.prepared import prepared_per_freqs
+
+    cos, sin = prepared_per_freqs(freqs_cis, "native/half", _qwen_cos_sin)
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def rotate(x):
+        xf = x.float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+    return rotate(xq), rotate(xk)
 
 
 def _as_complex_pairs(x: torch.Tensor) -> torch.Tensor:
