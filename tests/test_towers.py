@@ -120,3 +120,30 @@ def test_tower_freqs_follow_the_towers_rotation():
     assert not torch.allclose(kimi, qwen)
     assert math.isclose(sorted(kimi.angle().abs().flatten().tolist())[-1],
                         sorted(qwen.angle().abs().flatten().tolist())[-1], rel_tol=1e-6)
+
+
+def test_a_rotate_half_encoder_agrees_with_native_and_refuses_pairs_only_kernels():
+    """The encoder in Qwen3-VL's rotation (a CPU-sized twin): fused agrees with native's
+    rotate-half path, the RoPE-free floor does not, and a pairs-only kernel or the QKV
+    epilogue is refused with why (before anything runs)."""
+    from dataclasses import replace
+
+    from rope_kernels.bench.encoder_bench import encoder_not_run, make_bucket, native_agreement
+    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.model.vit import MoonViTEncoder, encoder_inputs
+
+    assert EncoderConfig.qwen3_vl().rotation == "half" and EncoderConfig.qwen3_vl().head_dim == 72
+    assert make_bucket("1024x1024", 2, tower="qwen3_vl").vit_tokens == 2 * 64 * 64
+    cfg = replace(EncoderConfig.small(), patch=16, rotation="half", tower="qwen3_vl")
+    model = MoonViTEncoder(cfg, dtype=torch.bfloat16)
+    inp = encoder_inputs(make_bucket("64x64", 1, tower="qwen3_vl").grids, cfg, dtype=torch.bfloat16,
+                         seed=torch.randint(0, 2**31, ()).item())
+    agreement = native_agreement(model, inp, "sdpa_per_image", ["native", "fused_inplace", "none"])
+    for v in ("native", "fused_inplace"):
+        assert agreement[v]["max_rel_err_vs_fp32"] <= agreement[v]["agreement_tol_rel"], v
+    assert agreement["none"]["max_rel_err_vs_fp32"] > agreement["none"]["agreement_tol_rel"]
+    with pytest.raises(ValueError, match="pairs only"):
+        model(inp.patches, inp.grids, rope="vllm_packed_qk")
+    why = encoder_not_run(["vllm_packed_qk", "gemm_epilogue", "fused", "none"], cfg.head_dim,
+                          torch.bfloat16, "half")
+    assert set(why) == {"vllm_packed_qk", "gemm_epilogue"}

@@ -349,7 +349,8 @@ def _family_rows(item) -> dict:
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
 MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "rotation",
                   "device_name")
-ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "device_name")
+# encoder: Kimi-K2.5's and Qwen3-VL's rows at one resolution and image count are two rows
+ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "encoder", "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
