@@ -147,3 +147,33 @@ def test_a_rotate_half_encoder_agrees_with_native_and_refuses_pairs_only_kernels
     why = encoder_not_run(["vllm_packed_qk", "gemm_epilogue", "fused", "none"], cfg.head_dim,
                           torch.bfloat16, "half")
     assert set(why) == {"vllm_packed_qk", "gemm_epilogue"}
+
+
+def test_the_summary_has_a_row_per_tower_with_the_best_same_kind_peer():
+    import pandas as pd
+
+    from rope_kernels.study.summary import tower_rows
+
+    def row(variant, tokens, heads, head_dim, rotation, tower, us, in_place):
+        return dict(variant=variant, tokens=tokens, heads=heads, head_dim=head_dim,
+                    rotation=rotation, tower=tower, median_us=us, p20_us=0.9 * us, p80_us=1.1 * us,
+                    in_place=in_place, mode="cudagraph", dtype="bfloat16",
+                    pct_of_same_bytes_copy=90.0, device_folder="dev")
+    micro = pd.DataFrame([
+        # Kimi's rows from before the tower column (no tower), pairs at 16 x 72
+        row("fused", 87616, 16, 72, "pairs", None, 100.0, False),
+        row("quack_rotary", 87616, 16, 72, "pairs", None, 120.0, False),
+        row("fused", 5476, 16, 72, "pairs", None, 10.0, False),  # not the largest count
+        # Qwen3-VL, rotate-half at 16 x 72: the same-kind peer only (the in-place one is faster)
+        row("fused", 65536, 16, 72, "half", "qwen3_vl", 80.0, False),
+        row("vllm_merged", 65536, 16, 72, "half", "qwen3_vl", 400.0, False),
+        row("vllm_rotary_qkv", 65536, 16, 72, "half", "qwen3_vl", 50.0, True),
+        row("native", 65536, 16, 72, "half", "qwen3_vl", 900.0, False),  # a baseline, not a peer
+    ])
+    got = tower_rows(micro).set_index(["tower", "ours"])
+    assert got.loc[("kimi_k25", "fused"), "best_peer"] == "quack_rotary"
+    assert got.loc[("kimi_k25", "fused"), "lead"] == pytest.approx(1.2)
+    assert got.loc[("kimi_k25", "fused"), "tokens"] == 87616
+    q = got.loc[("qwen3_vl", "fused")]
+    assert (q["best_peer"], q["rotation"], q["lead"]) == ("vllm_merged", "half", pytest.approx(5.0))
+    assert q["lead_worst"] == pytest.approx(400 * 0.9 / (80 * 1.1))
