@@ -158,3 +158,23 @@ def test_native_rotate_half_is_qwens_path_and_its_launches_are_counted(dtype):
     assert (q.double() - ref).abs().max().item() <= tol
     total, per_kernel = count_launches(native, qkv[:, 0], qkv[:, 1], freqs, rotation="half")
     assert total == native.launch_count(dtype, "half") != native.launch_count(dtype), per_kernel
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["two_chunks", "padded"])
+def test_rotate_half_on_strided_heads_and_every_row_layout(padded, device):
+    """Heads that are not adjacent (a wider buffer's first D of each head) and the row as
+    one padded block or two chunks: a partner in the other chunk is still read by address."""
+    from rope_kernels.kernels.fused import rows_launch_config
+
+    seed = new_seed()
+    gen = torch.Generator().manual_seed(seed)
+    tokens, heads, head_dim = 3, 3, 72  # row 216 = 128 + 88: partners cross the chunk boundary
+    wide = torch.randn(tokens, heads, head_dim + 8, generator=gen).to(device)
+    xq, xk = wide[..., :head_dim], wide.flip(0)[..., :head_dim]
+    angles = torch.rand(tokens, head_dim // 2, generator=gen, dtype=torch.float64) * 40
+    cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
+    config = rows_launch_config(heads, head_dim, 4, padded=padded)
+    q, k = fused_qk_rope(xq, xk, cos, sin, rotation="half", config=config)
+    for got, x in ((q, xq), (k, xk)):
+        ref = rotate_half_f64(x.cpu(), cos.cpu(), sin.cpu())
+        assert (got.cpu().double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item(), seed
