@@ -177,3 +177,30 @@ def test_the_summary_has_a_row_per_tower_with_the_best_same_kind_peer():
     q = got.loc[("qwen3_vl", "fused")]
     assert (q["best_peer"], q["rotation"], q["lead"]) == ("vllm_merged", "half", pytest.approx(5.0))
     assert q["lead_worst"] == pytest.approx(400 * 0.9 / (80 * 1.1))
+
+
+def test_a_rotate_half_kernel_that_is_wrong_or_raises_is_not_timed():
+    """checked_cases: each variant's rotate-half layout is checked against float64 before
+    timing; one that gets it wrong (here: rotating pairs when asked for halves) or raises
+    is a not-run case with why, for every shape of that layout."""
+    from dataclasses import replace
+
+    from rope_kernels.bench.microbench import checked_cases
+    from rope_kernels.kernels.reference import native_rope
+    from rope_kernels.variants import VARIANTS
+
+    def pairs_whatever(xq, xk, freqs_cis, rotation="pairs"):
+        return native_rope(xq, xk, freqs_cis)  # ignores the rotation: wrong for "half"
+
+    def refuses(xq, xk, freqs_cis, rotation="pairs"):
+        raise RuntimeError("no kernel for this head_dim\nsecond line")
+
+    good = VARIANTS["fused"]
+    wrong = replace(good, name="pairs_whatever", fn=pairs_whatever)
+    raising = replace(good, name="refuses", fn=refuses)
+    shapes = [Shape(40, 2, 8, "half"), Shape(80, 2, 8, "half"), Shape(40, 2, 8, "pairs")]
+    cases = checked_cases([good, wrong, raising], shapes, [torch.bfloat16], "cpu")
+    by = {(c["variant"], c["tokens"]): c["reason"] for c in cases}
+    assert set(by) == {("pairs_whatever", 40), ("pairs_whatever", 80), ("refuses", 40), ("refuses", 80)}
+    assert by["pairs_whatever", 40].startswith("fails the float64 check")
+    assert by["refuses", 80] == "raised RuntimeError: no kernel for this head_dim"

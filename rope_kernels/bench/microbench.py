@@ -314,6 +314,48 @@ def not_run_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
             if (why := v.unsupported(d, head_dim=s.head_dim, rotation=s.rotation))]
 
 
+# Tokens of the float64 check a rotate-half layout gets before it is timed (``checked_cases``).
+CHECK_TOKENS = 67
+
+
+def checked_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
+                  dtypes: Sequence[torch.dtype], device, *, skip=frozenset()) -> list[dict]:
+    """Each variant's rotate-half layouts (heads, head_dim, dtype: the rotation newest to the
+    study and to most peers) checked against float64 once, on ``CHECK_TOKENS`` fresh tokens
+    (``correctness.check_variant``), before any is timed: a layout a variant gets wrong, or
+    refuses by raising, is a not-run case with the reason (as ``not_run_cases`` gives), so a
+    wrong kernel is never timed and one that raises does not stop the sweep. ``skip``:
+    (variant, tokens, heads, head_dim, dtype, rotation) already not run."""
+    from rope_kernels.correctness import check_variant
+
+    out, seen = [], set()
+    for d in dtypes:
+        for s in shapes:
+            if s.rotation == "pairs":
+                continue
+            for v in variants:
+                layout = (v.name, s.heads, s.head_dim, d, s.rotation)
+                if layout in seen or (v.name, s.tokens, s.heads, s.head_dim, dtype_name(d),
+                                      s.rotation) in skip:
+                    continue
+                seen.add(layout)
+                try:
+                    r = check_variant(v, tokens=CHECK_TOKENS, heads=s.heads, head_dim=s.head_dim,
+                                      dtype=d, device=device, rotation=s.rotation)
+                    why = "" if r.passed else (
+                        f"fails the float64 check at {CHECK_TOKENS}x{s.heads}x{s.head_dim} "
+                        f"{s.rotation}: max error {r.max_abs_err:.3g} over {r.tolerance:.3g}"
+                        + ("" if r.inputs_intact else ", wrote into inputs it must not"))
+                except Exception as exc:  # noqa: BLE001 - a kernel that refuses: not run, with why
+                    why = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                if why:
+                    out += [{"variant": v.name, "tokens": t.tokens, "heads": t.heads,
+                             "head_dim": t.head_dim, "dtype": dtype_name(d), "rotation": t.rotation,
+                             "reason": why}
+                            for t in shapes if (t.heads, t.head_dim, t.rotation) == (s.heads, s.head_dim, s.rotation)]
+    return out
+
+
 def run_microbench(
     variant_names: Sequence[str],
     families: Iterable[dict],
@@ -330,11 +372,15 @@ def run_microbench(
     """The whole sweep as a tidy table, provenance in every row. Per shape and
     mode the variants are timed in ``rounds`` rounds of seeded shuffled order.
     A variant is not timed where it does not take the shape or dtype
-    (``not_run_cases``): printed with the reason, and in ``df.attrs["not_run"]``."""
+    (``not_run_cases``) or, in a rotate-half layout, fails or refuses a float64 check
+    (``checked_cases``): printed with the reason, and in ``df.attrs["not_run"]``."""
     variants = [get_variant(n) for n in variant_names]
     shapes = expand_families(families)
     dts = [parse_dtype(d) for d in dtypes]
     not_run = not_run_cases(variants, shapes, dts)
+    skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"], c["rotation"])
+            for c in not_run}
+    not_run += checked_cases(variants, shapes, dts, device, skip=skip)
     for line in not_run_lines(not_run):
         print(line, flush=True)
     skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"], c["rotation"])
