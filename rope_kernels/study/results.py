@@ -259,6 +259,10 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
         raise ValueError(f"key {list(key)} for {path.name} differs from specs.RESULT_FILES' "
                          f"{list(table.key)}")
     key = list(key)
+    # a key column added later with a declared value for rows written before it (``derived``,
+    # e.g. rotation "pairs"): rows that do not carry it are such rows, as are the file's rows
+    # (read_results refuses a file that has it), so it separates nothing in this write
+    key = [k for k in key if k in new.columns or table is None or k not in table.derived]
     missing = [k for k in key if k not in new.columns]
     if missing:
         raise ValueError(f"rows lack key column(s) {missing} for {path.name}")

@@ -392,6 +392,13 @@ def _pairs(old):
     return pd.Series("pairs", index=old.index)
 
 
+def _kimi_encoder(old):
+    """Encoder rows that name no encoder: Kimi-K2.5's tower, the only one timed before issue 43."""
+    import pandas as pd
+
+    return pd.Series("kimi_k25", index=old.index)
+
+
 def _no_tower(old):
     """Rows from before the tower column named no tower (shapes given by hand)."""
     import pandas as pd
@@ -488,7 +495,8 @@ RESULT_FILES: dict[str, Table] = {
                               "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS),
-        derived={"in_place": _old_rows_in_place}),
+        # encoder joined the key with Qwen3-VL's rows (issue 43): rows without it are Kimi-K2.5's
+        derived={"in_place": _old_rows_in_place, "encoder": _kimi_encoder}),
     # Time to first token per RoPE choice and encoder launch policy (model/prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
     TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "device_name")),
