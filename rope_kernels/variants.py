@@ -36,7 +36,8 @@ import torch
 from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_rotation
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
 from rope_kernels.kernels.fused import planned_call
-from rope_kernels.kernels.reference import cos_sin_views, native_rope
+from rope_kernels.kernels.reference import (cos_sin_views, native_rope, native_rotate_half,
+                                            qwen_cos_sin)
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.vocabulary import (  # noqa: F401
     IN_PLACE_VARIANTS,
@@ -129,6 +130,18 @@ class Variant:
                 "peer_sha256": self.peer_sha256}
 
 
+def _native(xq, xk, freqs_cis, rotation: str = "pairs"):
+    """``native_rope``; for rotate-half with Qwen's (T, D) cos/sin built once per freqs_cis
+    (as the model builds them once per forward), so a call is the 14 launches Qwen's path makes."""
+    if check_rotation(rotation) == "half":
+        from rope_kernels.peers.prepared import prepared_per_freqs
+
+        check_qk(xq, xk)
+        check_freqs_cis(freqs_cis, xq)
+        return native_rotate_half(xq, xk, *prepared_per_freqs(freqs_cis, "native/half", qwen_cos_sin))
+    return native_rope(xq, xk, freqs_cis)
+
+
 def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False, rotation: str = "pairs"):
     """The fused kernel reading cos/sin straight out of freqs_cis (no copy).
 
@@ -217,7 +230,7 @@ def _catalogued_peers(status: list[PeerStatus]) -> list[Variant]:
 def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
     status: list[PeerStatus] = []
     variants = [
-        Variant("native", native_rope, 6, 2,
+        Variant("native", _native, 6, 2,
                 "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor); "
                 "rotate-half: Qwen's apply_rotary_pos_emb_vision (upcast, x cos + rotate_half(x) "
                 "sin, cast back)", rotations=ROTATIONS, launches_half=(14, 10)),

@@ -49,30 +49,29 @@ def native_rope(
     ``apply_rotary_pos_emb_vision`` for Qwen2.5-VL/Qwen3-VL: fp32 upcast,
     ``x * cos + rotate_half(x) * sin`` with cos/sin repeated over both halves, cast
     back): per tensor upcast, multiply, negate, cat, multiply, add, downcast, 7
-    kernels, 14 for q and k (10 on fp32 data); the (T, D) cos/sin are built once per
-    freqs_cis, as the model builds them once per forward.
+    kernels, 14 for q and k (10 on fp32 data) once its (T, D) cos/sin exist
+    (``qwen_cos_sin``: the model builds them once per forward; the registry's ``native``
+    builds them once per freqs_cis, here they are built per call).
     """
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
     if check_rotation(rotation) == "half":
-        return _native_rotate_half(xq, xk, freqs_cis)
+        return native_rotate_half(xq, xk, *qwen_cos_sin(freqs_cis))
     freqs = freqs_cis.unsqueeze(-2)  # (T, 1, D/2): broadcast over heads
     q_out = torch.view_as_real(_as_complex_pairs(xq) * freqs).flatten(-2)
     k_out = torch.view_as_real(_as_complex_pairs(xk) * freqs).flatten(-2)
     return q_out.type_as(xq), k_out.type_as(xk)
 
 
-def _qwen_cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen's (T, D) cos and sin: each half-width angle table repeated over both halves."""
+def qwen_cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen's (T, 1, D) cos and sin: each half-width angle table repeated over both halves."""
     angles_cos, angles_sin = freqs_cis.real, freqs_cis.imag
     return (torch.cat((angles_cos, angles_cos), -1).unsqueeze(-2),
             torch.cat((angles_sin, angles_sin), -1).unsqueeze(-2))
 
 
-def _native_rotate_half(xq, xk, freqs_cis):
-    from rope_kernels.peers.prepared import prepared_per_freqs
-
-    cos, sin = prepared_per_freqs(freqs_cis, "native/half", _qwen_cos_sin)
+def native_rotate_half(xq, xk, cos, sin):
+    """Qwen's PyTorch rotate-half on (T, 1, D) cos/sin (``qwen_cos_sin``)."""
 
     def rotate_half(x):
         half = x.shape[-1] // 2
