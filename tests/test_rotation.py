@@ -178,3 +178,22 @@ def test_rotate_half_on_strided_heads_and_every_row_layout(padded, device):
     for got, x in ((q, xq), (k, xk)):
         ref = rotate_half_f64(x.cpu(), cos.cpu(), sin.cpu())
         assert (got.cpu().double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item(), seed
+
+
+@pytest.mark.parametrize("head_dim,dtype,pairs_ok,half_ok", [
+    (80, torch.bfloat16, True, False),   # Qwen2.5-VL: halves of 40 straddle 16-element vectors
+    (72, torch.bfloat16, False, False),  # Kimi / Qwen3-VL: vectors run past the head either way
+    (64, torch.bfloat16, True, True), (128, torch.float16, True, True),  # its own kernel
+    (96, torch.bfloat16, True, True),    # halves of 48: whole vectors
+])
+def test_flashinfers_rotate_half_rule_follows_its_kernel(head_dim, dtype, pairs_ok, half_ok):
+    """FlashInfer 0.7.4's rotate-half (is_neox) path picks a vector's partner and sign by
+    where the vector starts: wrong where a vector straddles the head's middle (head_dim 80
+    in bf16), refused with why before anything loads."""
+    from rope_kernels.peers.flashinfer import supported_head_dim
+
+    assert supported_head_dim(head_dim, dtype)[0] is pairs_ok
+    ok, why = supported_head_dim(head_dim, dtype, "half")
+    assert ok is half_ok
+    if head_dim == 80:
+        assert "rotate-half head_dim 80" in why and "middle of the head" in why
