@@ -19,6 +19,7 @@ device = "auto"  # auto | cpu | cuda | rocm
 dtypes = ["float32", "bfloat16", "float16"]
 shapes = [[7, 3, 72], [16, 2, 128], [1, 1, 4]]  # [tokens, heads, head_dim]
 variants = []  # empty: every variant in rope_kernels.VARIANTS
+rotations = ["pairs", "half"]  # Kimi's interleaved pairs, Qwen's rotate-half: every shape in each
 seed = 0
 data_dir = ""  # where to upsert correctness.csv; empty: do not save
 
@@ -138,8 +139,9 @@ pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin"
 # every peer or mode that cannot run here, recorded with the reason (not run) instead of left out:
 
 # %%
-correctness = pd.DataFrame(correctness_rows(variants, dtypes, shapes, device=dev, seed=seed))
-shown = correctness[~absent(correctness)][["variant", "dtype", "tokens", "heads", "head_dim", "max_abs_err",
+correctness = pd.DataFrame(correctness_rows(variants, dtypes, shapes, device=dev, seed=seed,
+                                            rotations=rotations))
+shown = correctness[~absent(correctness)][["variant", "rotation", "dtype", "tokens", "heads", "head_dim", "max_abs_err",
                      "native_max_abs_err", "tolerance", "rel_err", "inputs_intact", "passed",
                      "reason"]]
 errors = ["max_abs_err", "native_max_abs_err", "tolerance", "rel_err"]
@@ -155,13 +157,15 @@ with_units(shown).style.format({header: "{:.1e}" for header in with_units(shown[
 correctness[absent(correctness)].groupby("variant", sort=False)[["peer_package", "reason"]].first()
 
 # %% [markdown]
-# Per variant and dtype: `pass`, `FAIL`, or `n/a` where the implementation does not take
-# those inputs or cannot run here (its row above says why; such rows are recorded, not run);
-# `n/a, pass` where it does not take some of the shapes (FlashInfer at head_dim 72).
+# Per variant, rotation and dtype: `pass`, `FAIL`, or `n/a` where the implementation does not
+# take those inputs or cannot run here (its row above says why; such rows are recorded, not run);
+# `n/a, pass` where it does not take some of the shapes (FlashInfer at head_dim 72; rotate-half
+# also at 80). "pairs" is Kimi's interleaved rotation, "half" Qwen's rotate-half (x[j] with
+# x[j + D/2]), against the float64 reference in the same layout.
 
 # %%
 outcome = correctness.passed.map({True: "pass", False: "FAIL"}).where(correctness.supported, "n/a")
-correctness.assign(outcome=outcome).groupby(["variant", "dtype"], sort=False).outcome.agg(
+correctness.assign(outcome=outcome).groupby(["variant", "rotation", "dtype"], sort=False).outcome.agg(
     lambda o: ", ".join(sorted(set(o)))).unstack()
 
 # %%

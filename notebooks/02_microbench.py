@@ -109,6 +109,10 @@ if data_dir:
     written = Path(data_dir) / MICROBENCH_CSV
     upsert_csv(written, bench)  # key: specs.RESULT_FILES
     print(data_line(written))  # what this report wrote; tests compare it with the CSV
+# Kimi's and the PR's rows rotate interleaved pairs; Qwen's towers (a family {tower: ...}) rotate
+# halves: their rows are shown apart below (Qwen3-VL is 16 x 72 like Kimi-K2.5)
+half = bench[bench["rotation"] == "half"]
+bench = bench[bench["rotation"] == "pairs"]
 with_units(bench[["variant", "in_place", "tokens", "heads", "head_dim", "dtype", "mode", "median_us",
                   "p20_us", "p80_us", "pct_of_copy", "pct_of_same_bytes_copy", "speedup_vs_native",
                   "launches", "peak_mem_mb"]]).round(2)
@@ -191,6 +195,44 @@ kernel_targets = targets_for("microbench")
 verdicts = evaluate({"microbench": bench, "pr_table": pr}, kernel_targets)
 display(summarize(verdicts, kernel_targets)[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])
 with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
+
+# %% [markdown]
+# ## Qwen's towers: rotate-half
+#
+# Qwen3-VL (16 heads x 72) and Qwen2.5-VL (16 x 80) rotate x[j] with x[j + D/2]
+# (`rotation="half"`); their token counts are 1, 4 and 16 images of 448x448 and 1024x1024 by
+# each tower's image rule (`rope_kernels/towers.py`). Every variant that implements rotate-half
+# ran (the others, and FlashInfer where its kernel is wrong, are listed as not run above).
+# `lead` is the best same-kind peer's time over ours (out of place against `fused`, in place
+# against `fused_inplace`), with the band from the p20/p80 times (worst case: ours at p80,
+# the peer at p20).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if half.empty:
+    print("No rotate-half rows in this grid (the GPU profile has Qwen3-VL's and Qwen2.5-VL's).")
+else:
+    plots.kernel_panels(half, "pct_of_same_bytes_copy", "rotate-half: of the same-bytes SM copy [%]",
+                        hline=100.0, dtype=dtypes[0], variants=names)
+    plt.show()
+    from rope_kernels.catalogue import names as catalogued
+
+    peers = set(catalogued("rope", peer=True))
+    lead_rows = []
+    for key, g in half.groupby(["tower", "tokens", "heads", "head_dim", "mode"]):
+        for ours in ("fused", "fused_inplace"):
+            mine = g[g["variant"] == ours]
+            rivals = g[g["variant"].isin(peers) & (g["in_place"] == (ours == "fused_inplace"))]
+            if mine.empty or rivals.empty:
+                continue
+            best = rivals.loc[rivals["median_us"].idxmin()]
+            me = mine.iloc[0]
+            lead_rows.append(dict(zip(["tower", "tokens", "heads", "head_dim", "mode"], key),
+                                  ours=ours, best_peer=best["variant"], ours_us=me["median_us"],
+                                  peer_us=best["median_us"], lead=best["median_us"] / me["median_us"],
+                                  lead_worst=best["p20_us"] / me["p80_us"],
+                                  ours_pct_of_same_bytes_copy=me["pct_of_same_bytes_copy"]))
+    display(with_units(pd.DataFrame(lead_rows)).round(3))
 
 # %% [markdown]
 # ## Block sizes: the evidence behind the launch heuristic

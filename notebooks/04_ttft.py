@@ -16,7 +16,7 @@
 # %% tags=["parameters"]
 # Parameters (papermill). Defaults: the small CPU configuration nbval re-runs.
 device = "auto"
-encoder = "small"  # small (CPU-sized) | kimi_k25 (27 layers, 1152 wide, 16 x 72)
+encoder = "small"  # small (CPU-sized) | kimi_k25 (27 layers, 1152 wide, 16 x 72) | qwen3_vl (27 x 1152, 16 x 72, rotate-half, 16-px patches)
 layers = 0  # 0: the encoder's own depth
 dtype = "bfloat16"
 resolutions = ["56x56", "112x84"]
@@ -97,7 +97,8 @@ from rope_kernels.study import plots
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 check_parameters("04_ttft", globals(), kind)  # the runner's rules and messages, for plain papermill too
-cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[encoder]()
+cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25,
+       "qwen3_vl": EncoderConfig.qwen3_vl}[encoder]()
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
@@ -109,7 +110,7 @@ prefill_model = PrefillModel(active_params=llm_active_params_b * 1e9, gpus=llm_g
                              peak_tflops=llm_peak_tflops, mfu=tuple(llm_mfu), tokens_per_s=prefill_tokens_per_s)
 from rope_kernels import VARIANTS
 from rope_kernels.bench.encoder_bench import encoder_not_run
-not_run = encoder_not_run(variants, cfg.head_dim, parse_dtype(dtype))  # absent, or not this head_dim/dtype
+not_run = encoder_not_run(variants, cfg.head_dim, parse_dtype(dtype), cfg.rotation)  # absent, or not this head_dim/dtype/rotation
 for v, why in not_run.items():
     print(f"{v}: not run here ({why})")
 variants = [v for v in variants if v not in not_run]
@@ -122,7 +123,8 @@ pd.Series(provenance(kind)).to_frame("this run")
 # Patch grids and token counts per bucket (vision tokens before the merge; the LLM sees a quarter):
 
 # %%
-buckets = [make_bucket(r, n) for r in resolutions for n in image_counts_by_resolution.get(r, image_counts)]
+buckets = [make_bucket(r, n, tower=cfg.tower) for r in resolutions
+           for n in image_counts_by_resolution.get(r, image_counts)]
 skipped = [b for b in buckets if b.vit_tokens > max_tokens]
 buckets = [b for b in buckets if b.vit_tokens <= max_tokens]
 pd.DataFrame([{"resolution": b.resolution, "images": b.images, "grid (t,h,w)": b.grids[0],

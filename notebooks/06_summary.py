@@ -45,6 +45,19 @@ summary = all_devices(Path(data_root), device_folders)
 with_units(summary.set_index("device")).T if len(summary) else "no device data yet"
 
 # %% [markdown]
+# Per vision tower (`rope_kernels/towers.py`: Kimi-K2.5 rotates interleaved pairs, Qwen3-VL and
+# Qwen2.5-VL rotate halves), at the tower's largest timed token count (CUDA graphs, bf16): our
+# fused kernel against the best engine kernel of the same kind (out of place against `fused`, in
+# place against `fused_inplace`). `lead` is the peer's time over ours, `lead_worst` the peer's
+# p20 over our p80 (above 1: ahead beyond noise).
+
+# %%
+from rope_kernels.study.summary import tower_rows
+
+towers_table = tower_rows(load_device_tables(Path(data_root), MICROBENCH_CSV, device_folders))
+with_units(towers_table).round(3) if len(towers_table) else "no tower rows yet"
+
+# %% [markdown]
 # Provenance of every CSV row, per device and file:
 
 # %%

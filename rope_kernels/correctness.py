@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from rope_kernels.kernels.checks import check_rotation
 from rope_kernels.kernels.reference import native_rope, rope_reference
 
 FP32_REL_TOL = 1e-5
@@ -138,6 +139,7 @@ class CheckResult:
     peer_version: str = ""
     peer_sha256: str = ""
     seed: int = 0  # the inputs' seed: check_variant(..., seed=seed) replays this check
+    rotation: str = "pairs"  # vocabulary.ROTATIONS: how each head's elements pair up
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -167,6 +169,7 @@ def check_variant(
     inplace: bool | None = None,
     seed: int | None = None,
     name: str | None = None,
+    rotation: str = "pairs",
 ) -> CheckResult:
     """Run ``fn(xq, xk, freqs_cis) -> (q, k)`` once and judge it against float64.
 
@@ -176,13 +179,19 @@ def check_variant(
     ``inplace`` (default: ``fn.inplace`` if present) says the function writes
     into its inputs; it then gets the packed buffer's views and v must stay
     untouched. Out-of-place functions get inputs they must not modify.
+
+    ``rotation`` ("pairs" or "half"): the float64 reference pairs each head that way and
+    a registry ``Variant`` is called with it (``fn(xq, xk, freqs_cis, rotation)``); the
+    low-precision yardstick is native's own error in that rotation (for "half", Qwen's
+    PyTorch path: ``native_rope``).
     """
+    check_rotation(rotation)
     if inplace is None:
         inplace = bool(getattr(fn, "inplace", False))
     seed = new_seed() if seed is None else int(seed)
     name = name or getattr(fn, "name", getattr(fn, "__name__", "custom"))
     peer = dict(getattr(fn, "peer_columns", {}))
-    unsupported = (fn.unsupported(dtype, packed=packed, head_dim=head_dim)
+    unsupported = (fn.unsupported(dtype, packed=packed, head_dim=head_dim, rotation=rotation)
                    if hasattr(fn, "unsupported") else "")
     if unsupported:  # recorded, not hidden: a row that says why it was not run
         return CheckResult(
@@ -190,16 +199,17 @@ def check_variant(
             dtype=str(dtype).removeprefix("torch."), packed=packed, max_abs_err=math.nan,
             rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
             inputs_intact=True, passed=False, supported=False, reason=unsupported, **peer,
-            seed=seed)
+            seed=seed, rotation=rotation)
     inp = make_inputs(tokens, heads, head_dim, dtype, device, packed=packed, seed=seed)
-    ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis)
-    native = native_rope(inp.xq, inp.xk, inp.freqs_cis)
+    ref = rope_reference(inp.xq, inp.xk, inp.freqs_cis, rotation)
+    native = native_rope(inp.xq, inp.xk, inp.freqs_cis, rotation)
     native_err = max_abs_error(native, ref)
     watched = _untouchable(inp, inplace)
     before = [t.clone() for t in watched]
 
     _poison_allocator(inp.xq)
-    outs = fn(inp.xq, inp.xk, inp.freqs_cis)
+    outs = (fn(inp.xq, inp.xk, inp.freqs_cis, rotation) if rotation != "pairs"
+            else fn(inp.xq, inp.xk, inp.freqs_cis))
     if not isinstance(outs, (tuple, list)) or len(outs) != 2:
         raise TypeError(f"{name} must return a (q, k) pair")
     outs = tuple(outs)
@@ -219,6 +229,7 @@ def check_variant(
         dtype=str(dtype).removeprefix("torch."), packed=packed,
         max_abs_err=err, rel_err=_rel(outs, ref), native_max_abs_err=native_err,
         tolerance=tol, inputs_intact=untouched, passed=passed, **peer, seed=seed,
+        rotation=rotation,
     )
 
 

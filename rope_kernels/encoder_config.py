@@ -18,6 +18,8 @@ class EncoderConfig:
     text_hidden: int = 7168
     pos_grid: int = 64  # learnable position table, interpolated to each image
     theta: float = 10000.0
+    rotation: str = "pairs"  # vocabulary.ROTATIONS: Kimi's interleaved pairs or Qwen's rotate-half
+    tower: str = ""  # towers.py entry whose image rule makes this encoder's patch grids ("": Kimi's)
 
     @property
     def head_dim(self) -> int:
@@ -33,6 +35,19 @@ class EncoderConfig:
     def kimi_k25(cls) -> "EncoderConfig":
         """Kimi-K2.5's MoonViT: 27 layers, 1152 wide, 16 heads x 72."""
         return cls()
+
+    @classmethod
+    def qwen3_vl(cls) -> "EncoderConfig":
+        """Qwen3-VL's tower (``towers.TOWERS["qwen3_vl"]``: 27 layers, 1152 wide, 16 heads x
+        72, MLP 4304, 16-pixel patches, rotate-half) in the same encoder body: a 48 x 48
+        position table (num_position_embeddings 2304) and Qwen3-VL-8B's 4096-wide output.
+        Not modelled: its three deepstack mergers (layers 8, 16, 24; small beside 27 layers)."""
+        from rope_kernels.towers import get_tower
+
+        t = get_tower("qwen3_vl")
+        return cls(hidden=t.hidden, heads=t.heads, layers=t.layers, mlp=t.mlp, patch=t.patch_size,
+                   merge=t.merge_size, text_hidden=4096, pos_grid=48, theta=t.theta,
+                   rotation=t.rotation, tower=t.name)
 
     @classmethod
     def small(cls) -> "EncoderConfig":

@@ -1,10 +1,13 @@
 """Every RoPE implementation the study compares, behind one registry.
 
-``VARIANTS[name](xq, xk, freqs_cis) -> (q, k)``: all compute the same function
-(Kimi's interleaved rotation, outputs in the input dtype), and
-``VARIANTS[name].packed(qkv, freqs_cis, cos, sin) -> (q, k, v)`` is how the encoder
-calls it on a layer's packed (T, 3, H, D) qkv (in-place peers rotate the packed
-buffer and return its views). Beside each: the kernel launches one call makes
+``VARIANTS[name](xq, xk, freqs_cis, rotation="pairs") -> (q, k)``: all compute the same
+function (Kimi's interleaved rotation by default, outputs in the input dtype), and
+``VARIANTS[name].packed(qkv, freqs_cis, cos, sin, rotation="pairs") -> (q, k, v)`` is how
+the encoder calls it on a layer's packed (T, 3, H, D) qkv (in-place peers rotate the packed
+buffer and return its views). ``rotation`` (``vocabulary.ROTATIONS``): "pairs" (Kimi) or
+"half" (Qwen's rotate-half); ``Variant.rotations`` lists what a variant implements, and a
+variant implementing more than "pairs" takes ``rotation=`` in its ``fn``/``packed_fn``
+(and its ``head_dim_rule``). Beside each: the kernel launches one call makes
 (derived from its code, checked by ``count_launches`` on the CPU and the profiler on
 a GPU), the dtypes and layouts it supports, and for other people's code the package,
 version and sha256 of the file it runs (empty for this project's own variants).
@@ -30,15 +33,17 @@ from typing import Callable
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_rotation
 from rope_kernels.kernels.fused import DEFAULT_TRITON_KERNEL, fused_qk_rope
-from rope_kernels.kernels.reference import cos_sin_views, native_rope
+from rope_kernels.kernels.reference import (cos_sin_views, native_rope, native_rotate_half,
+                                            qwen_cos_sin)
 from rope_kernels.kernels.vllm_merged_recreated import vllm_merged_recreated_rope
 from rope_kernels.vocabulary import (  # noqa: F401
     IN_PLACE_VARIANTS,
     KNOWN_VARIANTS,
     OWN_VARIANTS,
     PEER_VARIANTS,
+    ROTATIONS,
 )
 
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -65,33 +70,54 @@ class Variant:
     peer_package: str = ""
     peer_version: str = ""
     peer_sha256: str = ""  # of the source file it runs ("+"-joined for several)
+    rotations: tuple[str, ...] = ("pairs",)  # the rotations it implements (vocabulary.ROTATIONS)
+    # (bf16/fp16, fp32) launches of a rotate-half call where they differ from pairs' (None: same)
+    launches_half: tuple[int, int] | None = None
 
-    def __call__(self, xq, xk, freqs_cis):
-        return self.fn(xq, xk, freqs_cis)
+    def rotation_kwargs(self, rotation: str = "pairs") -> dict:
+        """What ``fn``/``packed_fn``/``head_dim_rule`` get for ``rotation``: nothing for a
+        pairs-only variant, ``rotation=`` for one that implements several; a rotation it
+        does not implement is refused (ValueError, with the ones it does)."""
+        check_rotation(rotation)
+        if rotation not in self.rotations:
+            raise ValueError(f"{self.name} implements rotation {', '.join(self.rotations)} only, "
+                             f"not {rotation!r}")
+        return {} if self.rotations == ("pairs",) else {"rotation": rotation}
+
+    def __call__(self, xq, xk, freqs_cis, rotation: str = "pairs"):
+        return self.fn(xq, xk, freqs_cis, **self.rotation_kwargs(rotation))
 
     def packed(self, qkv: torch.Tensor, freqs_cis: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               sin: torch.Tensor, rotation: str = "pairs"
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """RoPE on a layer's packed qkv, as an engine calls it; cos/sin are freqs_cis's views."""
+        kw = self.rotation_kwargs(rotation)
         if self.packed_fn is not None:
-            return self.packed_fn(qkv, freqs_cis, cos, sin)
+            return self.packed_fn(qkv, freqs_cis, cos, sin, **kw)
         q, k, v = qkv.unbind(1)
-        q, k = self.fn(q, k, freqs_cis)
+        q, k = self.fn(q, k, freqs_cis, **kw)
         return q, k, v
 
-    def launch_count(self, dtype: torch.dtype) -> int:
+    def launch_count(self, dtype: torch.dtype, rotation: str = "pairs") -> int:
+        if rotation == "half" and self.launches_half is not None:
+            return self.launches_half[dtype == torch.float32]
         return self.launches_fp32 if dtype == torch.float32 else self.launches
 
     def unsupported(self, dtype: torch.dtype, *, packed: bool = True,
-                    head_dim: int | None = None) -> str:
+                    head_dim: int | None = None, rotation: str = "pairs") -> str:
         """Why this variant cannot take these inputs ("" when it can); ``head_dim``
         (None: not asked) is checked against ``head_dim_rule``."""
+        check_rotation(rotation)
+        if rotation not in self.rotations:
+            return (f"{self.name} implements rotation {', '.join(self.rotations)} only "
+                    f"(not {rotation})")
         if dtype not in self.dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
             return f"{self.name} supports {names} only"
         if self.packed_only and not packed:
             return f"{self.name} needs q/k as slices of a contiguous packed (T, 3, H, D) qkv"
         if head_dim is not None and self.head_dim_rule is not None:
-            ok, why = self.head_dim_rule(head_dim, dtype)
+            ok, why = self.head_dim_rule(head_dim, dtype, **self.rotation_kwargs(rotation))
             if not ok:
                 return why or f"{self.name} does not support head_dim {head_dim}"
         return ""
@@ -103,7 +129,19 @@ class Variant:
                 "peer_sha256": self.peer_sha256}
 
 
-def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
+def _native(xq, xk, freqs_cis, rotation: str = "pairs"):
+    """``native_rope``; for rotate-half with Qwen's (T, D) cos/sin built once per freqs_cis
+    (as the model builds them once per forward), so a call is the 14 launches Qwen's path makes."""
+    if check_rotation(rotation) == "half":
+        from rope_kernels.peers.prepared import prepared_per_freqs
+
+        check_qk(xq, xk)
+        check_freqs_cis(freqs_cis, xq)
+        return native_rotate_half(xq, xk, *prepared_per_freqs(freqs_cis, "native/half", qwen_cos_sin))
+    return native_rope(xq, xk, freqs_cis)
+
+
+def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False, rotation: str = "pairs"):
     """The fused kernel reading cos/sin straight out of freqs_cis (no copy): ``fused_qk_rope``
     on its real and imaginary views, whose checks (and planned path) cover freqs_cis's; a
     refused call is re-checked here so that the error names freqs_cis where it is the cause.
@@ -113,26 +151,26 @@ def fused_rope(xq, xk, freqs_cis, *, inplace: bool = False):
         check_freqs_cis(freqs_cis, xq)
     cos, sin = cos_sin_views(freqs_cis)
     try:
-        return fused_qk_rope(xq, xk, cos, sin, inplace=inplace)
+        return fused_qk_rope(xq, xk, cos, sin, inplace=inplace, rotation=rotation)
     except ValueError:
         check_qk(xq, xk)
         check_freqs_cis(freqs_cis, xq)
         raise
 
 
-def fused_rope_inplace(xq, xk, freqs_cis):
+def fused_rope_inplace(xq, xk, freqs_cis, rotation: str = "pairs"):
     """The fused kernel writing into xq/xk (e.g. into the packed qkv buffer)."""
-    return fused_rope(xq, xk, freqs_cis, inplace=True)
+    return fused_rope(xq, xk, freqs_cis, inplace=True, rotation=rotation)
 
 
-def _fused_packed(qkv, freqs_cis, cos, sin, *, inplace: bool = False):
+def _fused_packed(qkv, freqs_cis, cos, sin, *, inplace: bool = False, rotation: str = "pairs"):
     q, k, v = qkv.unbind(1)
-    q, k = fused_qk_rope(q, k, cos, sin, inplace=inplace)
+    q, k = fused_qk_rope(q, k, cos, sin, inplace=inplace, rotation=rotation)
     return q, k, v
 
 
-def _fused_inplace_packed(qkv, freqs_cis, cos, sin):
-    return _fused_packed(qkv, freqs_cis, cos, sin, inplace=True)
+def _fused_inplace_packed(qkv, freqs_cis, cos, sin, rotation: str = "pairs"):
+    return _fused_packed(qkv, freqs_cis, cos, sin, inplace=True, rotation=rotation)
 
 
 # -- peers -------------------------------------------------------------------------
@@ -190,14 +228,18 @@ def _catalogued_peers(status: list[PeerStatus]) -> list[Variant]:
 def _build() -> tuple[dict[str, Variant], list[PeerStatus]]:
     status: list[PeerStatus] = []
     variants = [
-        Variant("native", native_rope, 6, 2,
-                "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor)"),
+        Variant("native", _native, 6, 2,
+                "Kimi's pre-PR path: fp32 upcast, complex multiply, cast back (per tensor); "
+                "rotate-half: Qwen's apply_rotary_pos_emb_vision (upcast, x cos + rotate_half(x) "
+                "sin, cast back)", rotations=ROTATIONS, launches_half=(14, 10)),
         Variant("fused", fused_rope, 1, 1,
                 "one Triton launch for q and k, cos/sin read from freqs_cis, out of place",
-                packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
+                packed_fn=_fused_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,),
+                rotations=ROTATIONS),
         Variant("fused_inplace", fused_rope_inplace, 1, 1,
                 "the fused kernel writing into xq/xk", inplace=True,
-                packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,)),
+                packed_fn=_fused_inplace_packed, triton_kernels=(DEFAULT_TRITON_KERNEL,),
+                rotations=ROTATIONS),
         Variant("vllm_merged_recreated", vllm_merged_recreated_rope, 8, 4,
                 "this project's re-creation of the merged PR path (its own rotary kernel "
                 "in flash-attention's style; a CPU-test stand-in, not vLLM's code)",

@@ -118,6 +118,7 @@ else:
 LAYERS = {
     "rope_kernels.vocabulary": 0, "rope_kernels.provenance": 0, "rope_kernels.atomic_io": 0,
     "rope_kernels.catalogue": 0, "rope_kernels.percentiles": 0, "rope_kernels.roofline": 0,
+    "rope_kernels.towers": 0,
     # pip download lines only, importing nothing of the package: peers/cache.py uses it
     "rope_kernels.wheels": 0,
     "rope_kernels.encoder_config": 0, "rope_kernels.prefill": 0,

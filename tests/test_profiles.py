@@ -20,7 +20,8 @@ KIMI_HEADS = [2, 4, 16]  # 16 heads at TP 1, 4 at TP 4, 2 at TP 8
 
 def _kimi_family(kind: str) -> dict:
     families = load_profile(ROOT / "params" / f"{kind}.yaml")["02_microbench"]["families"]
-    (family,) = [f for f in families if f["head_dim"] == 72]
+    # the hand-written Kimi family (the towers' families, {tower: ...}, name no head_dim)
+    (family,) = [f for f in families if f.get("head_dim") == 72]
     return family
 
 

@@ -25,10 +25,21 @@ def test_upsert_replaces_matching_rows_and_keeps_the_rest(tmp_path):
                         MICROBENCH_KEY)
     assert len(merged) == 4
     on_disk = pd.read_csv(path)
-    assert len(on_disk) == 4 and not on_disk.duplicated(list(MICROBENCH_KEY)).any()
+    assert len(on_disk) == 4 and not on_disk.duplicated([k for k in MICROBENCH_KEY if k in on_disk]).any()
     h200 = on_disk[(on_disk.device_name == "NVIDIA H200") & (on_disk.tokens == 256)]
     assert h200.set_index("variant").median_us.to_dict() == {"native": 10.0, "fused": 1.5}
     assert on_disk[on_disk.device_name == "AMD MI300X"].median_us.tolist() == [3.0]
+
+
+def test_a_rotation_is_part_of_the_key_and_rows_without_it_are_pairs(tmp_path):
+    """Rotate-half rows beside pairs rows of the same shape are two rows (issue 43); rows
+    written without the rotation column (before it existed) are pairs rows by the declared
+    migration, so a file of them takes a pairs row of the same shape as a replacement."""
+    path = tmp_path / "microbench.csv"
+    upsert_csv(path, [row(median=1.0), row(tokens=512, median=2.0)])  # no rotation column
+    merged = upsert_csv(path, [row(median=3.0, rotation="pairs"), row(median=4.0, rotation="half")])
+    got = merged.set_index(["tokens", "rotation"]).median_us.to_dict()
+    assert got == {(256, "pairs"): 3.0, (512, "pairs"): 2.0, (256, "half"): 4.0}
 
 
 def test_upsert_rejects_rows_without_the_key(tmp_path):

@@ -16,16 +16,16 @@ from rope_kernels.correctness import CheckResult, check_variant
 ABSENT = "absent here: "  # how a row of a peer that could not run here starts its reason
 
 
-def absent_rows(status: list[dict], dtypes, shapes) -> list[dict]:
+def absent_rows(status: list[dict], dtypes, shapes, rotations=("pairs",)) -> list[dict]:
     """Rows for peers that could not run here (``variants.peer_status()`` entries
-    with ``available`` False), one per dtype and shape: not run, ``supported``
+    with ``available`` False), one per dtype, shape and rotation: not run, ``supported``
     False, and the reason."""
     rows = []
     for s in status:
         if s["available"]:
             continue
         for dt in dtypes:
-            for tokens, heads, head_dim in shapes:
+            for (tokens, heads, head_dim), rotation in ((sh, r) for sh in shapes for r in rotations):
                 rows.append(CheckResult(
                     variant=s["name"], tokens=tokens, heads=heads, head_dim=head_dim,
                     dtype=str(dt).removeprefix("torch."), packed=True, max_abs_err=math.nan,
@@ -33,6 +33,7 @@ def absent_rows(status: list[dict], dtypes, shapes) -> list[dict]:
                     inputs_intact=True, passed=False, supported=False,
                     reason=ABSENT + s["reason"], peer_package=s.get("package", ""),
                     peer_version=s.get("version", ""), peer_sha256=s.get("sha256", ""),
+                    rotation=rotation,
                 ).as_dict())
     return rows
 
@@ -121,13 +122,15 @@ def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = N
 
 
 def correctness_rows(names, dtypes, shapes, *, device, seed: int | None = None,
-                     status: list[dict] | None = None) -> list[dict]:
+                     status: list[dict] | None = None, rotations=("pairs",)) -> list[dict]:
     """``check_variant`` of every named variant on every dtype and shape, the encoder-only
     modes' rows (``encoder_mode_rows``), and rows saying why each named peer or mode that
     cannot run here did not. Empty ``names``: ``sweep_names`` (every registered variant,
     every peer the registry knows (``peer_status()``), available or not, every
     encoder-only mode). ``dtypes``: names or torch dtypes; ``shapes``: [tokens, heads,
-    head_dim] triples; ``seed``: the inputs' seed (None: a fresh one per check)."""
+    head_dim] triples; ``seed``: the inputs' seed (None: a fresh one per check);
+    ``rotations``: each shape is checked in each (a variant that does not implement one
+    gets a row saying so, ``supported`` False)."""
     from rope_kernels.bench.microbench import parse_dtype
     from rope_kernels.variants import VARIANTS, encoder_only_absent, get_variant, peer_status
     from rope_kernels.vocabulary import ENCODER_ONLY_ROPE
@@ -144,13 +147,14 @@ def correctness_rows(names, dtypes, shapes, *, device, seed: int | None = None,
                                       why_absent=modes_absent.get(name, ""))
             continue
         if name in absent and name not in VARIANTS:
-            rows += absent_rows([absent[name]], dts, shapes)
+            rows += absent_rows([absent[name]], dts, shapes, rotations)
             continue
         variant = get_variant(name)
         for dt in dts:
-            for tokens, heads, head_dim in shapes:
+            for (tokens, heads, head_dim), rotation in ((sh, r) for sh in shapes for r in rotations):
                 rows.append(check_variant(variant, tokens=tokens, heads=heads, head_dim=head_dim,
-                                          dtype=dt, device=device, seed=seed).as_dict())
+                                          dtype=dt, device=device, seed=seed,
+                                          rotation=rotation).as_dict())
     return rows
 
 

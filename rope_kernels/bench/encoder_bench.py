@@ -43,11 +43,18 @@ class Bucket:
         return self.vit_tokens // 4
 
 
-def make_bucket(resolution: str, images: int, *, merge: int = 2) -> Bucket:
+def make_bucket(resolution: str, images: int, *, merge: int = 2, tower: str = "") -> Bucket:
+    """``images`` images of ``resolution``, by Kimi's image rule or by ``tower``'s
+    (``towers.py``: e.g. Qwen's smart_resize with 16-pixel patches for qwen3_vl)."""
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
         raise ValueError(f"image count must be a positive int, got {images!r}")
     w, h = parse_resolution(resolution)
-    grid = image_patch_grid(w, h, merge_size=merge)
+    if tower:
+        from rope_kernels.towers import get_tower
+
+        grid = get_tower(tower).patch_grid(w, h)
+    else:
+        grid = image_patch_grid(w, h, merge_size=merge)
     return Bucket(resolution_text(resolution), images, (grid,) * images)
 
 
@@ -158,11 +165,13 @@ def paired_gain_pct(times: dict[str, list[float]], variant: str, against: str) -
     return median_p20_p80([100 * (a - v) / a for v, a in zip(times[variant], times[against])])
 
 
-def encoder_not_run(variants: Sequence[str], head_dim: int, dtype: torch.dtype) -> dict[str, str]:
+def encoder_not_run(variants: Sequence[str], head_dim: int, dtype: torch.dtype,
+                    rotation: str = "pairs") -> dict[str, str]:
     """The encoder RoPE modes among ``variants`` that do not run in this encoder -> why:
     peers absent on this machine (``peer_status``), encoder-only modes absent
     (``encoder_only_absent``), and variants that do not take its head_dim or dtype
-    (``Variant.unsupported``, e.g. FlashInfer at Kimi's head_dim 72)."""
+    (``Variant.unsupported``, e.g. FlashInfer at Kimi's head_dim 72) or its ``rotation``
+    (Qwen's rotate-half: the QKV-GEMM epilogues rotate pairs only)."""
     from rope_kernels.variants import encoder_only_absent, peer_status
 
     absent = {s["name"]: s["reason"] for s in peer_status() if not s["available"]}
@@ -171,8 +180,11 @@ def encoder_not_run(variants: Sequence[str], head_dim: int, dtype: torch.dtype) 
     for v in variants:
         if v in absent:
             out[v] = absent[v]
-        elif v in VARIANTS and (why := VARIANTS[v].unsupported(dtype, head_dim=head_dim)):
+        elif v in VARIANTS and (why := VARIANTS[v].unsupported(dtype, head_dim=head_dim,
+                                                                   rotation=rotation)):
             out[v] = why
+        elif rotation != "pairs" and v not in VARIANTS and v not in ROPE_FREE_FLOORS:
+            out[v] = f"{v} rotates Kimi's interleaved pairs only, not {rotation}"
     return out
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -28,6 +29,8 @@ class Shape:
     tokens: int
     heads: int
     head_dim: int
+    rotation: str = "pairs"  # vocabulary.ROTATIONS: how each head's elements pair up
+    tower: str = field(default="", compare=False)  # the tower (towers.py) the shape is from
 
 
 def parse_dtype(name) -> torch.dtype:
@@ -43,11 +46,27 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def expand_families(families: Iterable[dict]) -> list[Shape]:
-    """[{'tokens': [...], 'heads': [...], 'head_dim': 72}, ...] -> sorted unique shapes."""
-    shapes = set()
+    """[{'tokens': [...], 'heads': [...], 'head_dim': 72}, ...] -> sorted unique shapes.
+
+    A family may also name its ``rotation`` ("pairs", the default, or "half") and its
+    ``tower``; ``{'tower': 'qwen3_vl'}`` alone is that tower's family
+    (``towers.tower_families``: its heads, head_dim and rotation at the token counts of
+    1, 4 and 16 images of 448x448 and 1024x1024)."""
+    from rope_kernels.kernels.checks import check_rotation
+    from rope_kernels.towers import tower_families
+
+    shapes: dict[Shape, Shape] = {}
     for fam in families:
-        if not isinstance(fam, dict) or set(fam) != {"tokens", "heads", "head_dim"}:
-            raise ValueError(f"each shape family needs exactly tokens, heads, head_dim; got {fam!r}")
+        if isinstance(fam, dict) and set(fam) == {"tower"}:
+            fam = tower_families([fam["tower"]])[0]
+        if (not isinstance(fam, dict) or not {"tokens", "heads", "head_dim"} <= set(fam)
+                or set(fam) - {"tokens", "heads", "head_dim", "rotation", "tower"}):
+            raise ValueError("each shape family needs exactly tokens, heads, head_dim (and "
+                             f"optionally rotation, tower), or a tower alone; got {fam!r}")
+        rotation = check_rotation(fam.get("rotation", "pairs"))
+        tower = fam.get("tower", "")
+        if not isinstance(tower, str):
+            raise TypeError(f"a family's tower must be a string, got {tower!r}")
         head_dims = fam["head_dim"] if isinstance(fam["head_dim"], list) else [fam["head_dim"]]
         for t in fam["tokens"]:
             for h in fam["heads"]:
@@ -57,7 +76,8 @@ def expand_families(families: Iterable[dict]) -> list[Shape]:
                             raise ValueError(f"{name} must be a positive int, got {v!r}")
                     if d % 2:
                         raise ValueError(f"head_dim must be even, got {d}")
-                    shapes.add(Shape(t, h, d))
+                    shape = Shape(t, h, d, rotation, tower)
+                    shapes.setdefault(shape, shape)  # the first family to name a shape keeps it
     return sorted(shapes)
 
 
@@ -144,10 +164,15 @@ def _packed_sets(arg_sets):
             for xq, xk, f in arg_sets]
 
 
-def _packed_call(variant: Variant):
+def _packed_call(variant: Variant, rotation: str = "pairs"):
     def call(qkv, freqs_cis, cos, sin):
-        return variant.packed(qkv, freqs_cis, cos, sin)
+        return variant.packed(qkv, freqs_cis, cos, sin, rotation)
     return call
+
+
+def _rotating(variant: Variant, rotation: str):
+    """The variant's (xq, xk, freqs_cis) call for ``rotation`` (itself for "pairs")."""
+    return variant if rotation == "pairs" else functools.partial(variant.__call__, rotation=rotation)
 
 
 def bench_shape(
@@ -181,13 +206,15 @@ def bench_shape(
     ``host_calls`` calls). ``launch_floor_us``: a one-program Triton kernel storing one int,
     timed in the same rounds (the part of a call that is launch alone)."""
     device = torch.device(device)
+    rotation = shape.rotation
     count = cold_set_count(rope_read_bytes(shape.tokens, shape.heads, shape.head_dim, dtype), device)
     shared = make_arg_sets(shape, dtype, device, count)
     calls = max(count, min_calls if device.type == "cuda" else 1)
     nbytes = minimal_bytes(shape.tokens, shape.heads, shape.head_dim, dtype)
     # An in-place variant rotates its own copies (same values): the shared sets
     # the other variants read stay untouched.
-    fns = {v.name: (v, make_arg_sets(shape, dtype, device, count) if v.inplace else shared)
+    fns = {v.name: (_rotating(v, rotation),
+                    make_arg_sets(shape, dtype, device, count) if v.inplace else shared)
            for v in variants}
     tilings = same_bytes_copy_tilings(shape.heads, shape.head_dim,
                                       torch.empty((), dtype=dtype).element_size())
@@ -202,7 +229,7 @@ def bench_shape(
     # time says how much of its call is the launch itself
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     fns[LAUNCH_FLOOR] = (lambda *_args: launch_floor(flag), shared)
-    mems = {v.name: peak_memory_mb(v, fns[v.name][1][0]) for v in variants}
+    mems = {v.name: peak_memory_mb(fns[v.name][0], fns[v.name][1][0]) for v in variants}
     # host time per eager call (a loop of calls that never waits for the device): what a
     # call costs where the GPU work is small, as in vLLM's eager vision tower. Called as
     # the encoder calls it (``Variant.packed`` on the layer's packed qkv, cos/sin views
@@ -211,12 +238,15 @@ def bench_shape(
     # the interpreter's work (one call).
     on_gpu = device.type == "cuda"
     host_calls = HOST_CALLS if on_gpu else 1
-    hosts = {v.name: host_time_us(_packed_call(v), _packed_sets(fns[v.name][1]), calls=host_calls,
+    hosts = {v.name: host_time_us(_packed_call(v, rotation), _packed_sets(fns[v.name][1]),
+                                  calls=host_calls,
                                   repeats=5 if on_gpu else 1, warmup=3 if on_gpu else 0)
              for v in variants}
     rows = []
     for mode in modes:
         order_seed = f"{seed}/{shape.tokens}x{shape.heads}x{shape.head_dim}/{dtype_name(dtype)}/{mode}"
+        if rotation != "pairs":  # pairs rows keep the seeds they always had
+            order_seed += f"/{rotation}"
         # CPU rounds skip the re-warm: interpreter time, and CPU timings are not results.
         timed = time_rounds(fns, mode=mode, calls_per_sample=calls, samples=samples, rounds=rounds,
                             seed=order_seed, rewarm=1 if device.type == "cuda" else 0)
@@ -228,7 +258,7 @@ def bench_shape(
             rows.append({
                 "variant": variant.name, "tokens": shape.tokens, "heads": shape.heads,
                 "head_dim": shape.head_dim, "dtype": dtype_name(dtype), "mode": mode,
-                "timer": t.timer, "median_us": t.median_us, "p20_us": t.p20_us,
+                "rotation": rotation, "tower": shape.tower, "timer": t.timer, "median_us": t.median_us, "p20_us": t.p20_us,
                 "p80_us": t.p80_us, "samples": t.samples, "calls_per_sample": t.calls_per_sample,
                 "input_sets": count, "rounds": len(timed.orders),
                 "round_positions": timed.positions(variant.name), "order_seed": order_seed,
@@ -240,7 +270,7 @@ def bench_shape(
                 "same_bytes_copy_p80_us": copy.p80_us,
                 "pct_of_same_bytes_copy": 100 * copy_us / t.median_us,
                 "launch_floor_us": timed.timings[LAUNCH_FLOOR].median_us,
-                "launches": variant.launch_count(dtype), "peak_mem_mb": mems[variant.name],
+                "launches": variant.launch_count(dtype, rotation), "peak_mem_mb": mems[variant.name],
                 "host_us": hosts[variant.name].median_us,
                 "host_p20_us": hosts[variant.name].p20_us,
                 "host_p80_us": hosts[variant.name].p80_us, "host_calls": host_calls,
@@ -253,8 +283,9 @@ def bench_shape(
 
 
 def add_speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """speedup_vs_native = native median / variant median, same shape, dtype and mode."""
-    keys = ["tokens", "heads", "head_dim", "dtype", "mode"]
+    """speedup_vs_native = native median / variant median, same shape, dtype, mode and
+    rotation (NaN where native did not run: it rotates pairs only)."""
+    keys = ["tokens", "heads", "head_dim", "dtype", "mode"] + (["rotation"] if "rotation" in df else [])
     native = df[df.variant == "native"].set_index(keys)["median_us"].rename("native_us")
     out = df.drop(columns=[c for c in ("speedup_vs_native",) if c in df]).join(native, on=keys)
     out["speedup_vs_native"] = out["native_us"] / out["median_us"]
@@ -266,8 +297,9 @@ def not_run_lines(cases: Sequence[dict]) -> list[str]:
     reads one FlashInfer line for its 15 Kimi shapes, not 15 copies of the reason)."""
     grouped: dict[tuple[str, str], list[str]] = {}
     for c in cases:
+        half = "" if c.get("rotation", "pairs") == "pairs" else f" {c['rotation']}"
         grouped.setdefault((c["variant"], c["reason"]), []).append(
-            f"{c['tokens']}x{c['heads']}x{c['head_dim']} {c['dtype']}")
+            f"{c['tokens']}x{c['heads']}x{c['head_dim']}{half} {c['dtype']}")
     return [f"{variant} not timed at {', '.join(where)}: {reason}"
             for (variant, reason), where in grouped.items()]
 
@@ -277,9 +309,51 @@ def not_run_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
     """The (variant, shape, dtype) a variant does not take (``Variant.unsupported``:
     its dtypes, its head_dims), one dict each with the reason: not timed, and said so."""
     return [{"variant": v.name, "tokens": s.tokens, "heads": s.heads, "head_dim": s.head_dim,
-             "dtype": dtype_name(d), "reason": why}
+             "dtype": dtype_name(d), "rotation": s.rotation, "reason": why}
             for d in dtypes for s in shapes for v in variants
-            if (why := v.unsupported(d, head_dim=s.head_dim))]
+            if (why := v.unsupported(d, head_dim=s.head_dim, rotation=s.rotation))]
+
+
+# Tokens of the float64 check a rotate-half layout gets before it is timed (``checked_cases``).
+CHECK_TOKENS = 67
+
+
+def checked_cases(variants: Sequence[Variant], shapes: Sequence[Shape],
+                  dtypes: Sequence[torch.dtype], device, *, skip=frozenset()) -> list[dict]:
+    """Each variant's rotate-half layouts (heads, head_dim, dtype: the rotation newest to the
+    study and to most peers) checked against float64 once, on ``CHECK_TOKENS`` fresh tokens
+    (``correctness.check_variant``), before any is timed: a layout a variant gets wrong, or
+    refuses by raising, is a not-run case with the reason (as ``not_run_cases`` gives), so a
+    wrong kernel is never timed and one that raises does not stop the sweep. ``skip``:
+    (variant, tokens, heads, head_dim, dtype, rotation) already not run."""
+    from rope_kernels.correctness import check_variant
+
+    out, seen = [], set()
+    for d in dtypes:
+        for s in shapes:
+            if s.rotation == "pairs":
+                continue
+            for v in variants:
+                layout = (v.name, s.heads, s.head_dim, d, s.rotation)
+                if layout in seen or (v.name, s.tokens, s.heads, s.head_dim, dtype_name(d),
+                                      s.rotation) in skip:
+                    continue
+                seen.add(layout)
+                try:
+                    r = check_variant(v, tokens=CHECK_TOKENS, heads=s.heads, head_dim=s.head_dim,
+                                      dtype=d, device=device, rotation=s.rotation)
+                    why = "" if r.passed else (
+                        f"fails the float64 check at {CHECK_TOKENS}x{s.heads}x{s.head_dim} "
+                        f"{s.rotation}: max error {r.max_abs_err:.3g} over {r.tolerance:.3g}"
+                        + ("" if r.inputs_intact else ", wrote into inputs it must not"))
+                except Exception as exc:  # noqa: BLE001 - a kernel that refuses: not run, with why
+                    why = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                if why:
+                    out += [{"variant": v.name, "tokens": t.tokens, "heads": t.heads,
+                             "head_dim": t.head_dim, "dtype": dtype_name(d), "rotation": t.rotation,
+                             "reason": why}
+                            for t in shapes if (t.heads, t.head_dim, t.rotation) == (s.heads, s.head_dim, s.rotation)]
+    return out
 
 
 def run_microbench(
@@ -298,14 +372,19 @@ def run_microbench(
     """The whole sweep as a tidy table, provenance in every row. Per shape and
     mode the variants are timed in ``rounds`` rounds of seeded shuffled order.
     A variant is not timed where it does not take the shape or dtype
-    (``not_run_cases``): printed with the reason, and in ``df.attrs["not_run"]``."""
+    (``not_run_cases``) or, in a rotate-half layout, fails or refuses a float64 check
+    (``checked_cases``): printed with the reason, and in ``df.attrs["not_run"]``."""
     variants = [get_variant(n) for n in variant_names]
     shapes = expand_families(families)
     dts = [parse_dtype(d) for d in dtypes]
     not_run = not_run_cases(variants, shapes, dts)
+    skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"], c["rotation"])
+            for c in not_run}
+    not_run += checked_cases(variants, shapes, dts, device, skip=skip)
     for line in not_run_lines(not_run):
         print(line, flush=True)
-    skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"]) for c in not_run}
+    skip = {(c["variant"], c["tokens"], c["heads"], c["head_dim"], c["dtype"], c["rotation"])
+            for c in not_run}
     work = [(s, d) for d in dts for s in shapes]
     iterator = work
     if progress:
@@ -315,7 +394,7 @@ def run_microbench(
     rows = []
     for shape, dtype in iterator:
         here = [v for v in variants if (v.name, shape.tokens, shape.heads, shape.head_dim,
-                                         dtype_name(dtype)) not in skip]
+                                         dtype_name(dtype), shape.rotation) not in skip]
         if here:
             rows += bench_shape(here, shape, dtype, modes, device=device,
                                 copy_gbps=copy_gbps, samples=samples, rounds=rounds, seed=seed)

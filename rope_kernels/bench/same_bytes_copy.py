@@ -80,10 +80,12 @@ from rope_kernels.kernels.reference import cos_sin_views
 
 
 @triton.jit
-def _gate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
-    """The ``fused`` member's ``PAIR_FN``: x unchanged (bit for bit) where its pair's cos and
-    sin are numbers (always, for a real table), else 0. The stores depend on the cos/sin
-    loads as the rotation's do, so the compiler keeps them; no arithmetic on x."""
+def _gate_row_pairs(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
+    """The ``fused`` member's ``PAIR_FN`` (the kernel's pairs layout; ``partner``, ``e``:
+    unused): x unchanged (bit for bit) where its pair's cos and sin are numbers (always, for
+    a real table), else 0. The stores depend on the cos/sin loads as the rotation's do, so
+    the compiler keeps them; no arithmetic on x."""
     keep = (cos == cos) & (sin == sin)
     return tl.where(tl.reshape(tl.join(keep, keep), (BLOCK_T, WIDTH)), x, 0.0)
 

@@ -55,6 +55,18 @@ def check_qk(xq: torch.Tensor, xk: torch.Tensor) -> None:
             )
 
 
+def check_rotation(rotation) -> str:
+    """A rotation name (``vocabulary.ROTATIONS``): "pairs" (interleaved) or "half" (rotate-half)."""
+    from rope_kernels.vocabulary import ROTATIONS
+
+    if not isinstance(rotation, str):
+        raise TypeError(f"rotation must be a string, one of {ROTATIONS}; got {rotation!r}")
+    if rotation not in ROTATIONS:
+        raise ValueError(f"unknown rotation {rotation!r}; known: {', '.join(ROTATIONS)} "
+                         "(pairs: x[2j] with x[2j+1]; half: x[j] with x[j + head_dim/2])")
+    return rotation
+
+
 def check_cos_sin(cos: torch.Tensor, sin: torch.Tensor, xq: torch.Tensor) -> None:
     """cos/sin: float32 (tokens, head_dim/2), matching each other and q's device."""
     tokens, _, head_dim = xq.shape

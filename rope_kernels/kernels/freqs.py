@@ -1,4 +1,5 @@
-"""Kimi-K2.5's 2D rotary frequencies and its image-size to patch-grid rule.
+"""The towers' 2D rotary frequencies: Kimi-K2.5's (interleaved pairs) and Qwen's
+(rotate-half), and Kimi's image-size to patch-grid rule (each tower's rule: ``towers.py``).
 
 With ``C = head_dim`` there are ``C/4`` frequencies ``f_i = theta^(-4i/C)``.
 Pair ``2i`` of a token at (row, col) turns by ``col * f_i`` and pair ``2i+1``
@@ -7,6 +8,13 @@ a 512 x 512 table and an image of ``h x w`` patches (row-major tokens) takes its
 first ``h`` rows and ``w`` columns; video frames (``t > 1``) repeat the table.
 We compute the same fp32 angles per token, which gives the identical numbers
 without materialising the 512 x 512 table.
+
+Qwen2.5-VL and Qwen3-VL (vLLM's ``qwen2_5_vl.py`` / ``qwen3_vl.py``, ``rot_pos_emb``)
+use the same ``C/4`` frequencies (``VisionRotaryEmbedding(C/2)``: ``theta^(-2i/(C/2))``)
+but lay the ``C/2`` angles out for rotate-half: columns ``[0, C/4)`` turn by
+``row * f_i``, columns ``[C/4, C/2)`` by ``col * f_i``, and column j turns the pair
+``(x[j], x[j + C/2])``. Their tokens come in 2x2 merge-window order (the merger's
+groups), not row-major: ``qwen_patch_coords``. ``tower_freqs_cis`` picks a tower's.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from rope_kernels.vocabulary import (  # noqa: F401
 )
 
 
-def _as_grids(grid_thw) -> list[tuple[int, int, int]]:
+def _as_grids(grid_thw, max_side: int | None = MAX_PATCHES_PER_SIDE) -> list[tuple[int, int, int]]:
     if isinstance(grid_thw, torch.Tensor):
         if grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
             raise ValueError(
@@ -48,7 +56,7 @@ def _as_grids(grid_thw) -> list[tuple[int, int, int]]:
             if value <= 0:
                 raise ValueError(f"grid entry {axis} must be positive, got {value} in {entry!r}")
         t, h, w = entry
-        if h > MAX_PATCHES_PER_SIDE or w > MAX_PATCHES_PER_SIDE:
+        if max_side is not None and (h > max_side or w > max_side):
             raise ValueError(
                 f"grid {tuple(entry)} exceeds {MAX_PATCHES_PER_SIDE} patches a side "
                 "(the size of Kimi's RoPE table)"
@@ -110,3 +118,48 @@ def vision_freqs_cis(
     y_cis = torch.polar(torch.ones_like(y_angle), y_angle)
     # interleave: pair 2i <- column angle, pair 2i+1 <- row angle
     return torch.stack((x_cis, y_cis), dim=-1).reshape(row.numel(), head_dim // 2)
+
+
+def qwen_patch_coords(grid_thw, *, merge_size: int = 2, device=None) -> torch.Tensor:
+    """Each token's (row, column) in Qwen's order: int32 (tokens, 2). Per image (and
+    frame), the 2x2 (``merge_size``) merge windows row-major, each window's patches
+    row-major (vLLM's ``rot_pos_emb``: arange reshaped (h/m, m, w/m, m), permuted (0, 2,
+    1, 3)). Each side must be a multiple of ``merge_size``."""
+    if isinstance(merge_size, bool) or not isinstance(merge_size, int) or merge_size < 1:
+        raise ValueError(f"merge_size must be a positive int, got {merge_size!r}")
+    rows, cols = [], []
+    for t, h, w in _as_grids(grid_thw, max_side=None):
+        if h % merge_size or w % merge_size:
+            raise ValueError(f"grid ({t}, {h}, {w}): sides must be multiples of merge_size "
+                             f"{merge_size} (Qwen merges {merge_size}x{merge_size} patches)")
+        m = merge_size
+        r = torch.arange(h, device=device)[:, None].expand(h, w)
+        c = torch.arange(w, device=device)[None, :].expand(h, w)
+        for axis, out in ((r, rows), (c, cols)):
+            out.append(axis.reshape(h // m, m, w // m, m).permute(0, 2, 1, 3).flatten().repeat(t))
+    return torch.stack((torch.cat(rows), torch.cat(cols)), dim=-1).to(torch.int32)
+
+
+def qwen_vision_freqs_cis(grid_thw, head_dim: int, *, merge_size: int = 2,
+                          theta: float = 10000.0, device=None) -> torch.Tensor:
+    """Qwen2.5-VL's / Qwen3-VL's 2D rotate-half angles for the given patch grids, as
+    complex64 (tokens, head_dim/2): column j < head_dim/4 turns by row * f_j, the rest
+    by col * f_(j - head_dim/4), tokens in ``qwen_patch_coords`` order. Pass it with
+    ``rotation="half"`` (cos/sin: its real and imaginary views)."""
+    freqs = vision_rope_frequencies(head_dim, theta=theta, device=device)
+    coords = qwen_patch_coords(grid_thw, merge_size=merge_size, device=device)
+    angles = torch.cat((torch.outer(coords[:, 0].float(), freqs),
+                        torch.outer(coords[:, 1].float(), freqs)), dim=-1)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def tower_freqs_cis(tower, grid_thw, *, device=None) -> torch.Tensor:
+    """A tower's (``towers.Tower`` or its name) angles for ``grid_thw``, in the layout of
+    its rotation: Kimi's interleaved table or Qwen's rotate-half one."""
+    from rope_kernels.towers import get_tower
+
+    tower = get_tower(tower) if isinstance(tower, str) else tower
+    if tower.rotation == "pairs":
+        return vision_freqs_cis(grid_thw, tower.head_dim, theta=tower.theta, device=device)
+    return qwen_vision_freqs_cis(grid_thw, tower.head_dim, merge_size=tower.merge_size,
+                                 theta=tower.theta, device=device)

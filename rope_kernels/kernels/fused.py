@@ -1,4 +1,5 @@
-"""One Triton launch that rotates q and k together (interleaved / GPT-J pairs).
+"""One Triton launch that rotates q and k together: interleaved / GPT-J pairs (Kimi, the
+default) or rotate-half / NeoX (Qwen's towers: ``rotation="half"``).
 
 Layout: whole-token rows. A program owns ``BLOCK_T`` whole tokens: each token's q row
 and k row, every head (``heads * head_dim`` elements, contiguous in a packed qkv: 2304
@@ -19,7 +20,15 @@ are in docs/DECISIONS.md ("The fused RoPE kernel"). The committed evidence is th
 launch-config sweep (``data/<device>/fused_configs.csv``, written by
 ``bench.microbench.sweep_fused_configs``), which times the default beside every candidate.
 
-All loads are issued before any store so they overlap in the memory system.
+The rotation is one composed function, the kernel's ``PAIR_FN``: ``_rotate_row_pairs``
+turns (x[2j], x[2j+1]) from the chunk's own registers (a reshape and split);
+``_rotate_row_half`` turns (x[j], x[j + D/2]), whose partner may sit in the other chunk,
+so with ``ROTATE_HALF`` each element's partner is loaded by its own address
+(``_half_partner``: the same cache lines, from L1) and cos/sin are gathered per element
+at column (e % D) % (D/2).
+
+All loads are issued before any store so they overlap in the memory system (in place, a
+rotate-half partner is read before anything of its row is written).
 ``n_tokens`` is not specialised: one compiled kernel serves every token count.
 The grid is one-dimensional (limit 2^31 - 1 programs) and token offsets are
 int64, so any T fits.
@@ -37,6 +46,7 @@ from rope_kernels.kernels.checks import (
     check_cos_sin,
     check_outputs_do_not_overlap,
     check_qk,
+    check_rotation,
     check_triton_device,
     check_writable_in_place,
     mark_written,
@@ -45,11 +55,31 @@ from rope_kernels.kernels.launch_plan import KernelLaunch, PlanCache, new_output
 
 
 @triton.jit
-def _rotate_row_pairs(x, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr):
+def _rotate_row_pairs(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):
     """(x0 + i x1) * (cos + i sin) on every adjacent pair of a (BLOCK_T, WIDTH) block,
-    one cos/sin per pair (already gathered per head), in fp32."""
+    one cos/sin per pair (already gathered per head), in fp32 (``partner``, ``e``: unused,
+    the pair is in the chunk's own registers)."""
     x0, x1 = tl.split(tl.reshape(x.to(tl.float32), (BLOCK_T, WIDTH // 2, 2)))
     return tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_T, WIDTH))
+
+
+@triton.jit
+def _half_partner(e, HEAD_DIM: tl.constexpr):
+    """Rotate-half: row element ``e``'s partner, D/2 on within its head (first half)
+    or D/2 back (second half); heads are whole in a row, so it stays in e's head."""
+    return tl.where(e % HEAD_DIM < HEAD_DIM // 2, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
+
+
+@triton.jit
+def _rotate_row_half(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                     HEAD_DIM: tl.constexpr):
+    """x[j] * cos - x[j + D/2] * sin (first half), x[j] * cos + x[j - D/2] * sin (second
+    half), with cos/sin gathered per element and ``partner`` loaded by ``_half_partner``'s
+    address, in fp32."""
+    p = partner.to(tl.float32)
+    signed = tl.where(e % HEAD_DIM < HEAD_DIM // 2, -p, p)
+    return x.to(tl.float32) * cos + signed * sin
 
 
 @triton.jit
@@ -65,14 +95,19 @@ def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
 @triton.jit
 def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
                  BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, ROTATE_HALF: tl.constexpr):
     """cos and sin (BLOCK_T, WIDTH/2) of the pairs of row elements ``e``: the pair's
     index within its head is (e % HEAD_DIM) / 2, so every head gathers the token's
     same HEAD_DIM/2 values (L1 hits after the first). Fetched per element in the
     layout of ``e`` and split like q, so cos/sin land in the registers of their
     pairs with no layout conversion. INTERLEAVED: cos/sin are the real and imaginary
-    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load."""
-    if INTERLEAVED:
+    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load.
+    ROTATE_HALF: (BLOCK_T, WIDTH), one per element, at column (e % HEAD_DIM) % (HEAD_DIM/2)."""
+    if ROTATE_HALF:
+        j = (e % HEAD_DIM) % (HEAD_DIM // 2)
+        c = tl.load(cos_tok + j * cos_stride_d, mask=mask, other=0.0)
+        s = tl.load(sin_tok + j * sin_stride_d, mask=mask, other=0.0)
+    elif INTERLEAVED:
         cs = tl.load(cos_tok + e % HEAD_DIM, mask=mask, other=0.0)
         c, s = tl.split(tl.reshape(cs, (BLOCK_T, WIDTH // 2, 2)))
     else:
@@ -98,15 +133,17 @@ def _fused_qk_rope_rows_kernel(
     CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
     HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
     INTERLEAVED: tl.constexpr,  # sin is cos + 1 element, both at pair stride 2 (freqs_cis)
-    PAIR_FN: tl.constexpr,  # (x, cos, sin, BLOCK_T, WIDTH) -> what a chunk stores
+    PAIR_FN: tl.constexpr,  # (x, partner, e, cos, sin, BLOCK_T, WIDTH, HEAD_DIM) -> what a chunk stores
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
     EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
+    ROTATE_HALF: tl.constexpr = False,  # rotate-half partners and per-element cos/sin loaded
 ):
     """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head).
     ``PAIR_FN`` is what a chunk's pairs become before the store: the rotation
-    (``_rotate_row_pairs``, what every launch here passes); ``bench/same_bytes_copy.py``
-    passes its gate instead (same loads, stores and programs, no arithmetic)."""
+    (``_rotate_row_pairs`` or, with ``ROTATE_HALF``, ``_rotate_row_half``: what every launch
+    here passes); ``bench/same_bytes_copy.py`` passes its gate instead (same loads, stores
+    and programs, no arithmetic)."""
     ROW: tl.constexpr = HEADS * HEAD_DIM
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = (tokens < n_tokens)[:, None]
@@ -129,7 +166,16 @@ def _fused_qk_rope_rows_kernel(
     k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
                 mask=mask, other=0.0, eviction_policy=EVICTION)
     cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
+                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
+    if ROTATE_HALF:  # each element's rotate-half partner, by its own address
+        ep = _half_partner(e, HEAD_DIM)
+        qp = tl.load(q_tok + _row_offsets(ep, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask, other=0.0, eviction_policy=EVICTION)
+        kp = tl.load(k_tok + _row_offsets(ep, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     mask=mask, other=0.0, eviction_policy=EVICTION)
+    else:  # pairs: partners are in the chunk's own registers
+        qp = q
+        kp = k
     if INVERSE:
         sin = -sin
     if REST > 0:
@@ -140,23 +186,32 @@ def _fused_qk_rope_rows_kernel(
         k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
                      mask=mask2, other=0.0, eviction_policy=EVICTION)
         cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
-                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
+                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
+        if ROTATE_HALF:
+            ep2 = _half_partner(e2, HEAD_DIM)
+            qp2 = tl.load(q_tok + _row_offsets(ep2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                          mask=mask2, other=0.0, eviction_policy=EVICTION)
+            kp2 = tl.load(k_tok + _row_offsets(ep2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                          mask=mask2, other=0.0, eviction_policy=EVICTION)
+        else:
+            qp2 = q2
+            kp2 = k2
         if INVERSE:
             sin2 = -sin2
 
     out_ty = q_out_ptr.dtype.element_ty
     tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             PAIR_FN(q, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
+             PAIR_FN(q, qp, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             PAIR_FN(k, cos, sin, BLOCK_T, MAIN).to(out_ty), mask=mask,
+             PAIR_FN(k, kp, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
              cache_modifier=STORE_CACHE)
     if REST > 0:
         tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(q2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
+                 PAIR_FN(q2, qp2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
         tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(k2, cos2, sin2, BLOCK_T, REST).to(out_ty), mask=mask2,
+                 PAIR_FN(k2, kp2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
                  cache_modifier=STORE_CACHE)
 
 
@@ -325,6 +380,7 @@ def fused_qk_rope(
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
+    rotation: str = "pairs",
     inplace: bool = False,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: RowsConfig | None = None,
@@ -335,7 +391,10 @@ def fused_qk_rope(
         xq, xk: (T, H, D) fp32/fp16/bf16, any strides with a unit last stride
             (e.g. views of a packed (T, 3, H, D) qkv).
         cos, sin: fp32 (T, D/2), contiguous or strided (e.g. the real and
-            imaginary views of a complex64 ``freqs_cis``).
+            imaginary views of a complex64 ``freqs_cis``): column j is pair j's angle.
+        rotation: how a head's elements pair up (``vocabulary.ROTATIONS``): "pairs"
+            (Kimi's interleaved x[2j], x[2j+1]; the default) or "half" (Qwen's
+            rotate-half x[j], x[j + D/2]).
         inplace: write into ``xq``/``xk`` and return them (q and k must not
             share memory).
         out: optional preallocated (q_out, k_out) of shape (T, H, D) and the
@@ -352,9 +411,10 @@ def fused_qk_rope(
     launches with the arguments ``rows_launch`` derived then.
     """
     if out is None and config is None:
-        done = _PLANS.call(xq, xk, cos, sin, inplace)
+        done = _PLANS.call(xq, xk, cos, sin, inplace, extra=(rotation,))
         if done is not None:
             return done
+    check_rotation(rotation)
     check_qk(xq, xk)
     check_cos_sin(cos, sin, xq)
     if not isinstance(inplace, bool):
@@ -384,17 +444,19 @@ def fused_qk_rope(
         q_out, k_out = _check_out(out, xq, xk, reads=(("cos", cos), ("sin", sin)))
         mark_written(q_out, k_out)
     elif needs_grad:
-        return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config)
+        return _FusedQKRopeFunction.apply(xq, xk, cos, sin, config, rotation)
     else:
         q_out, k_out = new_outputs(xq)
     if out is None and config is None and not needs_grad:
         plan = _PLANS.remember(xq, xk, q_out, k_out, cos, sin, inplace,
-                               lambda: rows_launch(xq, xk, q_out, k_out, cos, sin, None))
+                               lambda: rows_launch(xq, xk, q_out, k_out, cos, sin, None,
+                                                   rotation=rotation),
+                               extra=(rotation,))
         if plan is not None:
             if plan.launch is not None:
                 plan.launch.launch(xq, xk, q_out, k_out, cos, sin)
             return q_out, k_out
-    _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
+    _launch_rows(xq, xk, q_out, k_out, cos, sin, config, rotation=rotation)
     return q_out, k_out
 
 
@@ -408,12 +470,12 @@ class _FusedQKRopeFunction(torch.autograd.Function):
     gradient is the same rotation by -angle (same kernel, one launch)."""
 
     @staticmethod
-    def forward(ctx, xq, xk, cos, sin, config):
+    def forward(ctx, xq, xk, cos, sin, config, rotation="pairs"):
         ctx.save_for_backward(cos, sin)
-        ctx.config = config
+        ctx.config, ctx.rotation = config, rotation
         q_out = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
         k_out = torch.empty(xk.shape, dtype=xk.dtype, device=xk.device)
-        _launch_rows(xq, xk, q_out, k_out, cos, sin, config)
+        _launch_rows(xq, xk, q_out, k_out, cos, sin, config, rotation=rotation)
         return q_out, k_out
 
     @staticmethod
@@ -428,18 +490,19 @@ class _FusedQKRopeFunction(torch.autograd.Function):
         dq, dk = grads
         gq = torch.empty(dq.shape, dtype=dq.dtype, device=dq.device)
         gk = torch.empty(dk.shape, dtype=dk.dtype, device=dk.device)
-        _launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True)
-        return gq, gk, None, None, None
+        _launch_rows(dq, dk, gq, gk, cos, sin, ctx.config, inverse=True, rotation=ctx.rotation)
+        return gq, gk, None, None, None, None
 
 
 def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
-                inverse: bool = False, pair_fn=None,
+                inverse: bool = False, pair_fn=None, rotation: str = "pairs",
                 n_tokens: int | None = None) -> KernelLaunch | None:
     """The rows kernel's launch on checked tensors of this layout (None: nothing to launch):
     the one derivation of its grid, scalars and constexprs, used by every launch (checked,
     planned, backward, the same-bytes copy's ``fused`` member). ``pair_fn``: the kernel's
-    ``PAIR_FN`` (None: the rotation; ``bench.same_bytes_copy`` passes its gate); ``n_tokens``
-    (tests only): stop short of the tensors."""
+    ``PAIR_FN`` (None: the rotation; ``bench.same_bytes_copy`` passes its gate); ``rotation``:
+    "pairs" or "half" (checked by the caller); ``n_tokens`` (tests only): stop short of the
+    tensors."""
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
         return None
@@ -450,15 +513,17 @@ def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     check_triton_device(xq, "fused_qk_rope")
     vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
     cs_vec = cos_sin_vector(cos, sin)
+    half = rotation == "half"
     scalars = (tokens if n_tokens is None else n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
                cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1))
     constexprs = dict(  # by name (KernelLaunch orders them as the kernel's parameters)
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
         CS_VEC=cs_vec,
         HEADS_ADJACENT=heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out)),
-        INTERLEAVED=interleaved_cos_sin(cos, sin),
-        PAIR_FN=_rotate_row_pairs if pair_fn is None else pair_fn, INVERSE=inverse,
-        EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier)
+        INTERLEAVED=interleaved_cos_sin(cos, sin) and not half,  # the pairs-only vector load
+        PAIR_FN=(_rotate_row_half if half else _rotate_row_pairs) if pair_fn is None else pair_fn,
+        INVERSE=inverse, EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
+        ROTATE_HALF=half)
     return KernelLaunch(_fused_qk_rope_rows_kernel, fused_grid(tokens, config), scalars,
                         constexprs, config.num_warps)
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from rope_kernels.kernels.freqs import grid_tokens, vision_freqs_cis, vision_patch_coords
+from rope_kernels.kernels.freqs import (grid_tokens, qwen_vision_freqs_cis, vision_freqs_cis,
+                                        vision_patch_coords)
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.encoder_config import EncoderConfig  # noqa: F401  (the model's geometry)
 from rope_kernels.encoder_parallel import WORLD, check_mode, layer_gemms
@@ -115,12 +116,12 @@ class MoonViTEncoder(nn.Module):
         return torch.cat(parts)
 
     @staticmethod
-    def _rope(rope: str, qkv: torch.Tensor, freqs_cis, cos, sin):
+    def _rope(rope: str, qkv: torch.Tensor, freqs_cis, cos, sin, rotation: str = "pairs"):
         if rope == "none":
             return qkv.unbind(1)
         variant = VARIANTS[rope]
         with record_function("rope"):
-            return variant.packed(qkv, freqs_cis, cos, sin)
+            return variant.packed(qkv, freqs_cis, cos, sin, rotation)
 
     def _attention(self, kind: str, q, k, v, grids, cu_seqlens, max_seqlen) -> torch.Tensor:
         tokens, heads, head_dim = q.shape
@@ -190,10 +191,20 @@ class MoonViTEncoder(nn.Module):
                 raise ValueError(f"grid {g} sides must be multiples of the {cfg.merge}x{cfg.merge} merge")
         if attention == "varlen_attn" and (cu_seqlens is None or max_seqlen is None):
             raise ValueError("varlen_attn needs cu_seqlens and max_seqlen (see encoder_inputs)")
+        if rope in GEMM_EPILOGUE_MODES and cfg.rotation != "pairs":
+            raise ValueError(f"{rope} rotates Kimi's interleaved pairs only; this encoder rotates "
+                             f"{cfg.rotation!r} (Qwen's rotate-half)")
+        if cfg.rotation != "pairs" and rope in VARIANTS and (why := VARIANTS[rope].unsupported(
+                patches.dtype, head_dim=cfg.head_dim, rotation=cfg.rotation)):
+            raise ValueError(f"rope {rope!r} cannot run in this encoder: {why}")
 
         x = self.patch_embed(patches).reshape(tokens, cfg.hidden)
         x = x + self._position_embedding(grids)
-        freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
+        if cfg.rotation == "half":  # Qwen's rotate-half angle layout (the tokens as Qwen orders them)
+            freqs_cis = qwen_vision_freqs_cis(grids, cfg.head_dim, merge_size=cfg.merge,
+                                              theta=cfg.theta, device=x.device)
+        else:
+            freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
         cos, sin = cos_sin_views(freqs_cis)
         operands = None
         for blk in self.blocks:
@@ -209,7 +220,7 @@ class MoonViTEncoder(nn.Module):
                                    epilogue=epilogue).unbind(1)
             else:
                 qkv = blk.wqkv(h).view(tokens, 3, self.heads, cfg.head_dim)
-                q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin)
+                q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin, cfg.rotation)
             o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
             reduce = self.all_reduce or (lambda t: t)
             x = x + reduce(blk.wo(o))

@@ -1,6 +1,7 @@
 """FlashInfer's in-place RoPE (``flashinfer.rope.apply_rope_with_cos_sin_cache_inplace``).
 
-Interleaved pairs (``is_neox=False``), q and k in one launch, in place on the strided
+Interleaved pairs (``is_neox=False``; ``rotation="half"``: ``is_neox=True``, rotate-half),
+q and k in one launch, in place on the strided
 q/k slices of the packed qkv. FlashInfer takes a fp32 (max_pos, rotary_dim) cache
 (cos half, then sin half: ``cat(freqs_cis.real, freqs_cis.imag)``) and int64
 positions; an engine builds them once per forward (SGLang's Kimi-K2.5 tower builds
@@ -45,7 +46,8 @@ from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_writable_in_place
+from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_rotation,
+                                         check_writable_in_place)
 from rope_kernels.peers.cache import (TREES, import_tree, installed_cuda_peer, installed_version,
                                       load_tree, package_module, sha256_file)
 from rope_kernels.peers.prepared import prepared_per_freqs
@@ -64,14 +66,22 @@ _RULE_SOURCE = ("flashinfer/data/include/flashinfer/pos_enc.cuh: "
                 "BatchQKApplyRotaryPosIdsCosSinCache -> RopeQuantizeKernel")
 
 
-def supported_head_dim(head_dim: int, dtype: torch.dtype) -> tuple[bool, str]:
+def supported_head_dim(head_dim: int, dtype: torch.dtype,
+                       rotation: str = "pairs") -> tuple[bool, str]:
     """(FlashInfer 0.7.4 rotates q/k of this head_dim and dtype correctly, why not).
 
     Pure: loads nothing. With the cache this wrapper builds (rotary_dim = head_dim),
     a head_dim is rotated correctly on the fast path (``FAST_PATH_HEAD_DIMS``) or
     when ``RopeQuantizeKernel``'s whole vectors tile it (a multiple of
     ``32 / element_size`` elements); otherwise its last vector of every head is
-    stored past the head (module docstring)."""
+    stored past the head (module docstring). Rotate-half (``rotation="half"``,
+    ``vec_apply_llama_rope_cos_sin``) needs more: a thread picks its partner vector and
+    sign by where its vector starts (``threadIdx.x * vec_size < rotary_dim / 2``) and
+    loads cos/sin at ``(tx * vec_size) % (rotary_dim / 2)``, so a vector that straddles
+    the head's middle rotates its second-half elements with the wrong partner (past
+    the head), sign and angles: each half must be a multiple of the vector (head_dim
+    80 in bf16: halves of 40, vectors of 16)."""
+    check_rotation(rotation)
     if isinstance(head_dim, bool) or not isinstance(head_dim, int):
         raise TypeError(f"head_dim must be an int, got {head_dim!r}")
     if head_dim < 2 or head_dim % 2:
@@ -85,6 +95,14 @@ def supported_head_dim(head_dim: int, dtype: torch.dtype) -> tuple[bool, str]:
     if head_dim in FAST_PATH_HEAD_DIMS:
         return True, ""
     vec = ROPE_QUANTIZE_VECTOR_BYTES // dtype.itemsize
+    if rotation == "half" and head_dim % vec == 0 and (head_dim // 2) % vec:
+        return False, (f"flashinfer {PINNED_VERSION} cannot rotate-half head_dim {head_dim} in "
+                       f"{name}: {_RULE_SOURCE} (vec_apply_llama_rope_cos_sin) picks each "
+                       f"{vec}-element vector's partner and sign by where it starts, so the vector "
+                       f"across the middle of the head (halves of {head_dim // 2}) rotates "
+                       f"{vec - (head_dim // 2) % vec} elements with a partner past the head, the "
+                       f"wrong sign and wrong angles (needs head_dim in "
+                       f"{{{', '.join(map(str, FAST_PATH_HEAD_DIMS))}}} or a multiple of {2 * vec})")
     if head_dim % vec == 0:
         return True, ""
     return False, (f"flashinfer {PINNED_VERSION} cannot rotate head_dim {head_dim} in {name}: "
@@ -129,8 +147,8 @@ def _cos_sin_cache(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return cache, positions
 
 
-def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
-                    freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                    rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate xq and xk in place with FlashInfer; returns them. Refuses a head_dim
     FlashInfer rotates wrongly (``supported_head_dim``) before loading anything."""
     check_qk(xq, xk)
@@ -139,12 +157,13 @@ def flashinfer_rope(xq: torch.Tensor, xk: torch.Tensor,
     if xq.dtype not in DTYPES:
         raise TypeError(f"flashinfer supports bfloat16 and float16 only (its rope kernel "
                         f"dispatches on those), got {xq.dtype}")
-    ok, why = supported_head_dim(xq.shape[-1], xq.dtype)
+    ok, why = supported_head_dim(xq.shape[-1], xq.dtype, rotation)
     if not ok:
         raise ValueError(why)
     cache, positions = prepared_per_freqs(freqs_cis, "flashinfer", _cos_sin_cache)
+    # the same cos|sin cache serves both: column j is pair j's angle in either layout
     source()[3].apply_rope_with_cos_sin_cache_inplace(positions, xq, xk, xq.shape[-1], cache,
-                                                      is_neox=False)
+                                                      is_neox=rotation == "half")
     return xq, xk
 
 
@@ -170,7 +189,7 @@ def rope_variant(name: str) -> dict:
         raise ValueError(f"rope_kernels.peers.flashinfer builds flashinfer, not {name!r}")
     return {"package": PACKAGE, "available": availability, "source": lambda: source()[:3],
             "fn": flashinfer_rope, "launches": 1, "launches_fp32": 1, "dtypes": DTYPES,
-            "head_dim_rule": supported_head_dim,
+            "head_dim_rule": supported_head_dim, "rotations": ("pairs", "half"),
             "description": "FlashInfer apply_rope_with_cos_sin_cache_inplace (interleaved, JIT "
                            "CUDA through tvm-ffi): one launch for q and k in place; cos|sin cache "
                            "and positions built once per freqs_cis"}

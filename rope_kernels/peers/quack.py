@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk, packed_qkv_of
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_rotation, packed_qkv_of
 from rope_kernels.peers.cache import installed_cuda_peer, installed_version, sha256_file
 from rope_kernels.peers.prepared import prepared_per_freqs
 
@@ -35,27 +35,29 @@ def _cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return freqs_cis.real.contiguous(), freqs_cis.imag.contiguous()
 
 
-def quack_qkv_packed(qkv, freqs_cis, cos=None, sin=None):
-    """Rotate the packed (T, 3, H, D) qkv in place; returns its q, k, v."""
+def quack_qkv_packed(qkv, freqs_cis, cos=None, sin=None, rotation: str = "pairs"):
+    """Rotate the packed (T, 3, H, D) qkv in place; returns its q, k, v. QuACK's
+    ``interleaved`` is the rotation: True for "pairs", False for "half" (rotate-half)."""
     from quack.rotary import apply_rotary_emb_qkv_
 
     cos, sin = prepared_per_freqs(freqs_cis, "quack", _cos_sin)
     with torch.no_grad():
-        apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos, sin, interleaved=True)
+        apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos, sin,
+                              interleaved=check_rotation(rotation) == "pairs")
     return qkv.unbind(1)
 
 
-def quack_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
-                   freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quack_qkv_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                   rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """QuACK on the packed qkv that xq/xk slice; returns xq, xk rotated in place."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
-    quack_qkv_packed(packed_qkv_of(xq, xk, "quack_qkv"), freqs_cis)
+    quack_qkv_packed(packed_qkv_of(xq, xk, "quack_qkv"), freqs_cis, rotation=rotation)
     return xq, xk
 
 
-def quack_rotary_rope(xq: torch.Tensor, xk: torch.Tensor,
-                      freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quack_rotary_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                      rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """QuACK's out-of-place ``apply_rotary`` on the q|k view of the packed qkv that
     xq/xk slice: one launch; returns new q and k (halves of one (T, 2H, D) buffer)."""
     check_qk(xq, xk)
@@ -66,7 +68,7 @@ def quack_rotary_rope(xq: torch.Tensor, xk: torch.Tensor,
     tokens, _, heads, head_dim = qkv.shape
     qk = qkv[:, :2].reshape(1, tokens, 2 * heads, head_dim)  # a view: (3HD, D, 1) strides
     cos, sin = prepared_per_freqs(freqs_cis, "quack", _cos_sin)
-    out = apply_rotary(qk, cos, sin, interleaved=True)[0]
+    out = apply_rotary(qk, cos, sin, interleaved=check_rotation(rotation) == "pairs")[0]
     return out[:, :heads], out[:, heads:]
 
 
@@ -104,4 +106,4 @@ def rope_variant(name: str) -> dict:
         raise ValueError(f"rope_kernels.peers.quack builds quack_qkv and quack_rotary, not {name!r}")
     return {"package": PACKAGE, "available": functools.partial(availability, name),
             "source": lambda: (*source(), "installed"), "launches": 1, "launches_fp32": 1,
-            "packed_only": True, **fields}
+            "packed_only": True, "rotations": ("pairs", "half"), **fields}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from rope_kernels.kernels.checks import check_freqs_cis, check_qk
+from rope_kernels.kernels.checks import check_freqs_cis, check_qk, check_rotation
 from rope_kernels.peers.cache import (TREES, CachedTree, import_tree, installed_version,
                                       load_tree, package_module)
 from rope_kernels.peers.prepared import prepared_per_freqs
@@ -153,18 +153,27 @@ def _prepare(freqs_cis: torch.Tensor):
     return source()[3].prepare_fused_qk_complex_rope_inplace(freqs_cis)
 
 
-def sglang_kimi_k25_packed(qkv, freqs_cis, cos=None, sin=None):
+def sglang_kimi_k25_packed(qkv, freqs_cis, cos=None, sin=None, rotation: str = "pairs"):
     """As VisionAttention runs it on a layer's packed qkv: q, k and v made contiguous
     (it opts out of strided q/k/v because the model supplies its own RoPE applier),
-    then q and k rotated in place by SGLang's JIT kernel; returns the copies."""
+    then q and k rotated in place by SGLang's JIT kernel; returns the copies.
+    ``rotation="half"``: the same JIT kernel's rotate-half form, SGLang's
+    ``rope.apply_rope_inplace(..., is_neox=True)`` on the same cos|sin cache (what
+    ``apply_fused_qk_complex_rope_inplace`` calls with ``is_neox=False``)."""
+    half = check_rotation(rotation) == "half"
     q, k, v = (t.contiguous() for t in qkv.unbind(1))
     prepared = prepared_per_freqs(freqs_cis, "sglang_kimi_k25", _prepare)
+    if half:
+        cache, positions = prepared
+        sys.modules["sglang.kernels.ops.attention.rope"].apply_rope_inplace(
+            q, k, cache, positions, is_neox=True, rope_dim=cache.size(-1))
+        return q, k, v
     q, k = source()[3].apply_fused_qk_complex_rope_inplace(q, k, prepared)
     return q, k, v
 
 
-def sglang_kimi_k25_rope(xq: torch.Tensor, xk: torch.Tensor,
-                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sglang_kimi_k25_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                         rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """The packed call on the qkv that xq/xk slice (v's copy included: the path makes
     it); returns the rotated copies of q and k (the caller's q/k stay as they were)."""
     check_qk(xq, xk)
@@ -173,7 +182,7 @@ def sglang_kimi_k25_rope(xq: torch.Tensor, xk: torch.Tensor,
     if xq.dtype not in DTYPES:
         raise TypeError(f"sglang_kimi_k25 supports bfloat16 and float16 only (Kimi-K2.5's "
                         f"tower keeps other dtypes on its portable path), got {xq.dtype}")
-    q, k, _v = sglang_kimi_k25_packed(qkv, freqs_cis)
+    q, k, _v = sglang_kimi_k25_packed(qkv, freqs_cis, rotation=rotation)
     return q, k
 
 
@@ -199,8 +208,10 @@ def rope_variant(name: str) -> dict:
     return {"package": PACKAGE, "available": availability, "source": lambda: source()[:3],
             "fn": sglang_kimi_k25_rope, "launches": 4, "launches_fp32": 4,
             "packed_fn": sglang_kimi_k25_packed, "packed_only": True, "dtypes": DTYPES,
+            "rotations": ("pairs", "half"),
             "description": "SGLang 0.5.23's Kimi-K2.5 tower: VisionAttention's contiguous copies "
                            "of q, k and v (timed: the path makes them), then "
                            "apply_fused_qk_complex_rope_inplace, SGLang's JIT CUDA kernel "
                            "(rope.cuh through tvm-ffi) rotating the copies in place; cos|sin "
-                           "cache prepared once per freqs_cis"}
+                           "cache prepared once per freqs_cis; rotate-half: the same JIT kernel "
+                           "through rope.apply_rope_inplace(is_neox=True)"}

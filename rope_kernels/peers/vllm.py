@@ -30,7 +30,8 @@ import types
 
 import torch
 
-from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_triton_device,
+from rope_kernels.kernels.checks import (check_freqs_cis, check_qk, check_rotation,
+                                         check_triton_device,
                                          check_writes_do_not_overlap_reads, packed_qkv_of)
 from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.peers.cache import (SourceFile, find_source, installed_version, load_module,
@@ -108,25 +109,34 @@ def vllm_packed_qk_packed(qkv, freqs_cis, cos, sin):
     return qkv.unbind(1)
 
 
+def _interleaved(rotation: str) -> bool:
+    """flash-attention's ``interleaved`` flag for a rotation (vLLM's ``not is_neox_style``):
+    True for "pairs" (Kimi), False for "half" (rotate-half, NeoX: Qwen's towers)."""
+    return check_rotation(rotation) == "pairs"
+
+
 def _apply_rotary_emb_fp32(apply_rotary, x: torch.Tensor, cos: torch.Tensor,
-                           sin: torch.Tensor) -> torch.Tensor:
-    """``ApplyRotaryEmb(is_neox_style=False, enable_fp32_compute=True).forward_cuda(x, cos, sin)``."""
+                           sin: torch.Tensor, rotation: str = "pairs") -> torch.Tensor:
+    """``ApplyRotaryEmb(is_neox_style=rotation == "half", enable_fp32_compute=True)
+    .forward_cuda(x, cos, sin)``."""
     dtype = x.dtype
-    out = apply_rotary(x.unsqueeze(0).float(), cos.float(), sin.float(), interleaved=True)
+    out = apply_rotary(x.unsqueeze(0).float(), cos.float(), sin.float(),
+                       interleaved=_interleaved(rotation))
     return out.squeeze(0).to(dtype)
 
 
-def vllm_merged_rope(xq: torch.Tensor, xk: torch.Tensor,
-                     freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def vllm_merged_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                     rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """The merged PR #50400 path with vLLM's bundled flash-attention rotary kernel."""
     check_qk(xq, xk)
     check_freqs_cis(freqs_cis, xq)
+    check_rotation(rotation)
     check_triton_device(xq, "vllm_merged")
     apply_rotary = rotary_source()[1].apply_rotary
     cos = freqs_cis.real.contiguous()
     sin = freqs_cis.imag.contiguous()
-    return (_apply_rotary_emb_fp32(apply_rotary, xq, cos, sin),
-            _apply_rotary_emb_fp32(apply_rotary, xk, cos, sin))
+    return (_apply_rotary_emb_fp32(apply_rotary, xq, cos, sin, rotation),
+            _apply_rotary_emb_fp32(apply_rotary, xk, cos, sin, rotation))
 
 
 def _einops_shim() -> dict[str, types.ModuleType]:
@@ -165,19 +175,20 @@ def _cos_sin_in(dtype: torch.dtype):
     return build
 
 
-def vllm_rotary_qkv_packed(qkv, freqs_cis, cos=None, sin=None):
-    """``apply_rotary_emb_qkv_(qkv[None], cos, sin, interleaved=True)`` in place on the
-    packed (T, 3, H, D) qkv, cos/sin in qkv's dtype; returns its q, k, v views."""
+def vllm_rotary_qkv_packed(qkv, freqs_cis, cos=None, sin=None, rotation: str = "pairs"):
+    """``apply_rotary_emb_qkv_(qkv[None], cos, sin, interleaved=rotation == "pairs")`` in
+    place on the packed (T, 3, H, D) qkv, cos/sin in qkv's dtype; returns its q, k, v views."""
     module = rotary_qkv_source()[1]
     cos_x, sin_x = prepared_per_freqs(freqs_cis, f"vllm_rotary_qkv/{qkv.dtype}",
                                       _cos_sin_in(qkv.dtype))
     with torch.no_grad():  # inference: the autograd Function records nothing
-        module.apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos_x, sin_x, interleaved=True)
+        module.apply_rotary_emb_qkv_(qkv.unsqueeze(0), cos_x, sin_x,
+                                     interleaved=_interleaved(rotation))
     return qkv.unbind(1)
 
 
-def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
-                         freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor,
+                         rotation: str = "pairs") -> tuple[torch.Tensor, torch.Tensor]:
     """flash-attention's ``apply_rotary_emb_qkv_`` (vLLM's copy) on the contiguous
     packed qkv that xq/xk slice; returns xq, xk rotated in place."""
     check_qk(xq, xk)
@@ -186,8 +197,9 @@ def vllm_rotary_qkv_rope(xq: torch.Tensor, xk: torch.Tensor,
     if qkv.shape[-1] > 256:
         raise ValueError(f"vllm_rotary_qkv supports head_dim <= 256 (flash-attention's "
                          f"rotary asserts it), got {qkv.shape[-1]}")
+    check_rotation(rotation)
     check_triton_device(xq, "vllm_rotary_qkv")
-    vllm_rotary_qkv_packed(qkv, freqs_cis)
+    vllm_rotary_qkv_packed(qkv, freqs_cis, rotation=rotation)
     return xq, xk
 
 
@@ -205,10 +217,12 @@ def rope_variant(name: str) -> dict:
             description="vLLM 0.34.0's bundled flash-attention apply_rotary_emb_qkv_(interleaved=True): "
                         "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
                         "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
-            packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",))),
+            packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",),
+            rotations=("pairs", "half"))),
         "vllm_merged": (rotary_source, dict(
             fn=vllm_merged_rope, launches=8, launches_fp32=4,
             description="the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
-                        "cos/sin copies, then upcast, rotary, cast back, per tensor",
-            triton_kernels=("rotary_kernel",))),
+                        "cos/sin copies, then upcast, rotary, cast back, per tensor "
+                        "(rotate-half: ApplyRotaryEmb(is_neox_style=True), interleaved=False)",
+            triton_kernels=("rotary_kernel",), rotations=("pairs", "half"))),
     })

@@ -283,7 +283,7 @@ def upsert_csv(path: Path, rows: pd.DataFrame | Sequence[dict],
         raise ValueError(f"key {list(key)} for {path.name} differs from specs.RESULT_FILES' "
                          f"{list(table.key)}")
     key = list(key)
-    if table is not None and len(new):  # a key column added since (encoder_parallel): as old rows get it
+    if table is not None and len(new):  # a key column added since (encoder_parallel, rotation, encoder): as old rows get it
         for k in key:
             if k not in new.columns and k in table.derived:
                 new = new.assign(**{k: table.derived[k](new)})

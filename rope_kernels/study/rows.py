@@ -22,10 +22,14 @@ KIMI_DTYPE = "bfloat16"
 def kimi_rows(micro: pd.DataFrame, mode: str, *, heads=T.KIMI_HEADS, tokens=T.KIMI_TOKENS,
               dtype: str = KIMI_DTYPE) -> pd.DataFrame:
     """Microbench rows at Kimi's head_dim in ``mode`` and ``dtype``, at ``heads`` and
-    ``tokens`` (None: every head count / token count measured)."""
+    ``tokens`` (None: every head count / token count measured), in Kimi's rotation
+    (interleaved pairs: Qwen3-VL's rotate-half rows are 16 x 72 too; rows from before the
+    rotation column are pairs)."""
     if micro is None or micro.empty:
         return pd.DataFrame() if micro is None else micro
     m = micro[(micro["mode"] == mode) & (micro["head_dim"] == KIMI_HEAD_DIM)]
+    if "rotation" in m.columns:
+        m = m[m["rotation"].fillna("pairs") == "pairs"]
     if "dtype" in m.columns:
         m = m[m["dtype"] == dtype]
     if heads is not None:

@@ -82,9 +82,26 @@ def _shape_problem(item) -> str | None:
 
 
 def _family_problem(item) -> str | None:
-    if not isinstance(item, dict) or set(item) != {"tokens", "heads", "head_dim"}:
-        return f"each family must be {{tokens: ..., heads: ..., head_dim: ...}}, got {item!r}"
+    """{tokens, heads, head_dim} (optionally rotation and tower), or {tower} alone (its
+    shapes from ``towers.py``)."""
+    from rope_kernels.towers import TOWERS
+    from rope_kernels.vocabulary import ROTATIONS
+
+    if isinstance(item, dict) and set(item) == {"tower"}:
+        if item["tower"] not in TOWERS:
+            return f"unknown tower {item['tower']!r}; known: {', '.join(TOWERS)}"
+        return None
+    if (not isinstance(item, dict) or not {"tokens", "heads", "head_dim"} <= set(item)
+            or set(item) - {"tokens", "heads", "head_dim", "rotation", "tower"}):
+        return ("each family must be {tokens: ..., heads: ..., head_dim: ...} (optionally "
+                f"rotation: pairs|half, tower: name) or {{tower: name}}, got {item!r}")
+    if item.get("rotation", "pairs") not in ROTATIONS:
+        return f"family rotation must be one of {ROTATIONS}, got {item['rotation']!r}"
+    if "tower" in item and item["tower"] not in TOWERS:
+        return f"unknown tower {item['tower']!r}; known: {', '.join(TOWERS)}"
     for field_name, values in item.items():
+        if field_name in ("rotation", "tower"):
+            continue
         values = values if isinstance(values, list) else [values]
         if not values:
             return f"family {field_name} is empty"
@@ -93,6 +110,14 @@ def _family_problem(item) -> str | None:
                 return f"family {field_name} must hold ints >= 1, got {v!r}"
             if field_name == "head_dim" and _head_dim_problem(v):
                 return _head_dim_problem(v)
+    return None
+
+
+def _rotations_rule(v, kind) -> str | None:
+    from rope_kernels.vocabulary import ROTATIONS
+
+    if not isinstance(v, list) or not v or any(r not in ROTATIONS for r in v) or len(set(v)) < len(v):
+        return f"must be a non-empty list of distinct rotations from {ROTATIONS}, got {v!r}"
     return None
 
 
@@ -346,12 +371,22 @@ def _as_list(value) -> list:
 
 
 def _family_rows(item) -> dict:
-    return {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
+    if isinstance(item, dict) and set(item) == {"tower"}:
+        from rope_kernels.towers import tower_families
+
+        item = tower_families([item["tower"]])[0]
+    rows = {col: _as_list(item[col]) for col in ("tokens", "heads", "head_dim") if col in item}
+    if "rotation" in item:
+        rows["rotation"] = [item["rotation"]]
+    return rows
 
 
 PEER_COLUMNS = ("peer_package", "peer_version", "peer_sha256")
-MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "device_name")
-ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "encoder_parallel", "device_name")
+MICROBENCH_KEY = ("variant", "tokens", "heads", "head_dim", "dtype", "mode", "rotation",
+                  "device_name")
+# encoder: Kimi-K2.5's and Qwen3-VL's rows at one resolution and image count are two rows
+ENCODER_LATENCY_KEY = ("variant", "resolution", "images", "mode", "encoder", "encoder_parallel",
+                       "device_name")
 QKV_KEY = ("variant", "tokens", "hidden", "heads", "head_dim", "dtype", "mode", "device_name")
 QKV_SWEEP_KEY = ("variant", "config") + QKV_KEY[1:]
 
@@ -403,6 +438,27 @@ def _all_supported(old):
     return pd.Series(True, index=old.index)
 
 
+def _pairs(old):
+    """Rows from before the rotation column (issue 43) all rotated Kimi's interleaved pairs."""
+    import pandas as pd
+
+    return pd.Series("pairs", index=old.index)
+
+
+def _kimi_encoder(old):
+    """Encoder rows that name no encoder: Kimi-K2.5's tower, the only one timed before issue 43."""
+    import pandas as pd
+
+    return pd.Series("kimi_k25", index=old.index)
+
+
+def _no_tower(old):
+    """Rows from before the tower column named no tower (shapes given by hand)."""
+    import pandas as pd
+
+    return pd.Series("", index=old.index)
+
+
 def _never_in_place(old):
     import pandas as pd
 
@@ -451,9 +507,11 @@ RESULT_FILES: dict[str, Table] = {
                                                   "same_bytes_copy_p20_us",
                                                   "same_bytes_copy_p80_us",
                                                   "host_us", "host_p20_us", "host_p80_us",
-                                                  "host_calls", "launch_floor_us"),
+                                                  "host_calls", "launch_floor_us",
+                                                  "rotation", "tower"),
                             derived={"in_place": _old_rows_in_place,
-                                     "same_bytes_copy_tiling": _only_the_row_tiling},
+                                     "same_bytes_copy_tiling": _only_the_row_tiling,
+                                     "rotation": _pairs, "tower": _no_tower},
                             # clone() timings (one cudaMemcpyAsync, alignment-bound):
                             # superseded by the SM same-bytes copy above.
                             dropped=("copy_same_bytes_us", "pct_of_copy_same_bytes")),
@@ -471,10 +529,11 @@ RESULT_FILES: dict[str, Table] = {
                                # the tiles kernel was the default strategy, "grid", until
                                # whole-token rows became the default
                                recoded={"strategy": {"grid": "tiles"}}),
-    CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "device_name"),
+    CORRECTNESS_CSV: Table(("variant", "dtype", "tokens", "heads", "head_dim", "rotation",
+                            "device_name"),
                              # rows from before supported/reason were all run (supported)
-                             added=("supported", "reason") + PEER_COLUMNS + ("seed",),
-                             derived={"supported": _all_supported}),
+                             added=("supported", "reason") + PEER_COLUMNS + ("seed", "rotation"),
+                             derived={"supported": _all_supported, "rotation": _pairs}),
     LAUNCHES_CSV: Table(("variant", "tokens", "heads", "head_dim", "dtype", "device_name"),
                           renamed={"study_facts": "derived_from_code"},
                           added=PEER_COLUMNS),
@@ -489,7 +548,8 @@ RESULT_FILES: dict[str, Table] = {
                               "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
                               *MODELLED_TTFT_COLUMNS, *ENCODER_PARALLEL_COLUMNS),
-        derived={"in_place": _old_rows_in_place, **_ONE_GPU}),
+        # encoder joined the key with Qwen3-VL's rows (issue 43): rows without it are Kimi-K2.5's
+        derived={"in_place": _old_rows_in_place, **_ONE_GPU, "encoder": _kimi_encoder}),
     # Time to first token per RoPE choice and encoder launch policy (prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
     # (the parallel columns: rows before issue 42 are one GPU's, their prefill one unchunked prefill)
@@ -523,6 +583,9 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         # empty: everything 02 and 04 can time, the encoder-only modes included
         "variants": Param([], variant_names(allow_empty=True, extra=ENCODER_ONLY_ROPE),
                           variants=True),
+        # every shape is checked in each rotation (vocabulary.ROTATIONS; a variant that does
+        # not implement one gets a row saying so)
+        "rotations": Param(["pairs", "half"], _rotations_rule),
         "seed": Param(0, _seed_rule),
         "data_dir": _DATA_DIR,
     }, writes=(CORRECTNESS_CSV,), delivers=CORRECTNESS_CSV),

@@ -200,3 +200,49 @@ def target_counts(device_dir: Path) -> dict:
         return {}
     counts = T.summarize(T.evaluate(T.load_tables(device_dir)))["verdict"].value_counts()
     return {"targets": ", ".join(f"{int(counts[v])} {v}" for v in T.VERDICTS if v in counts)}
+
+
+def tower_rows(micro: pd.DataFrame, mode: str = "cudagraph", dtype: str = "bfloat16") -> pd.DataFrame:
+    """One row per device and tower (``towers.py``) at the tower's largest timed token
+    count: its rotation and shape, our fused kernel's time and share of the same-bytes copy,
+    and the best peer of the same kind (out of place against ``fused``, in place against
+    ``fused_inplace``) with ``lead`` = its time over ours and ``lead_worst`` = its p20 over
+    our p80 (> 1: ours ahead beyond the p20/p80 noise). Kimi-K2.5's rows are the pairs rows
+    at its 16 x 72 (rows from before the tower column name no tower)."""
+    from rope_kernels.catalogue import names as catalogued
+    from rope_kernels.towers import TOWERS
+
+    cols = ["device_folder", "tower", "rotation", "tokens", "heads", "head_dim", "ours", "ours_us",
+            "ours_pct_of_same_bytes_copy", "best_peer", "peer_us", "lead", "lead_worst"]
+    if micro.empty:
+        return pd.DataFrame(columns=cols)
+    g = micro[(micro["mode"] == mode) & (micro["dtype"] == dtype)].copy()
+    g["rotation"] = g["rotation"].fillna("pairs") if "rotation" in g else "pairs"
+    g["tower"] = g["tower"].fillna("") if "tower" in g else ""
+    kimi = TOWERS["kimi_k25"]
+    untagged = (g["tower"] == "") & (g["rotation"] == kimi.rotation) & (g["heads"] == kimi.heads) \
+        & (g["head_dim"] == kimi.head_dim)
+    g.loc[untagged, "tower"] = kimi.name
+    peers = set(catalogued("rope", peer=True))
+    folders = g["device_folder"] if "device_folder" in g else pd.Series("", index=g.index)
+    g["device_folder"] = folders
+    rows = []
+    for (folder, tower), t in g[g["tower"].isin(list(TOWERS))].groupby(["device_folder", "tower"]):
+        at = t[t["tokens"] == t["tokens"].max()]
+        for ours in ("fused", "fused_inplace"):
+            mine = at[at["variant"] == ours]
+            if mine.empty:
+                continue
+            me = mine.iloc[0]
+            rivals = at[at["variant"].isin(peers)
+                        & (at["in_place"].astype(str) == str(ours == "fused_inplace"))]
+            best = rivals.loc[rivals["median_us"].idxmin()] if len(rivals) else None
+            rows.append({"device_folder": folder, "tower": tower, "rotation": me["rotation"],
+                         "tokens": int(me["tokens"]), "heads": int(me["heads"]),
+                         "head_dim": int(me["head_dim"]), "ours": ours, "ours_us": me["median_us"],
+                         "ours_pct_of_same_bytes_copy": me.get("pct_of_same_bytes_copy", float("nan")),
+                         "best_peer": best["variant"] if best is not None else "",
+                         "peer_us": best["median_us"] if best is not None else float("nan"),
+                         "lead": best["median_us"] / me["median_us"] if best is not None else float("nan"),
+                         "lead_worst": best["p20_us"] / me["p80_us"] if best is not None else float("nan")})
+    return pd.DataFrame(rows, columns=cols)

@@ -252,10 +252,13 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
             out[table] = pd.DataFrame()
             continue
         # read_table renames older columns (TABLES) and refuses a file lacking these
-        out[table] = read_table(path, required=TABLE_VALUES.get(table, ()))
+        rows = read_table(path, required=TABLE_VALUES.get(table, ()))
+        if "rotation" in rows.columns:  # the targets are Kimi's: interleaved pairs (issue 43)
+            rows = rows[rows["rotation"].fillna("pairs") == "pairs"]
         if table == "encoder":  # the targets judge the whole encoder on one GPU (not tp8/dp8 shards)
             from rope_kernels.encoder_parallel import one_gpu_rows
-            out[table] = one_gpu_rows(out[table])
+            rows = one_gpu_rows(rows)
+        out[table] = rows
     out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
         if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
     return out
