@@ -55,7 +55,7 @@ def test_a_planned_layout_still_refuses_cos_sin_inside_q(device):
     qkv = buf.view(torch.bfloat16).view(tokens, 3, heads, head_dim)
     freqs = buf[: tokens * head_dim].view(torch.complex64).view(tokens, head_dim // 2)
     cos2, sin2 = cos_sin_views(freqs)
-    assert fused._PLANS.key(qkv[:, 0], qkv[:, 1], cos2, sin2, True) in fused._PLANS
+    assert fused._PLANS.key(qkv[:, 0], qkv[:, 1], cos2, sin2, True, extra=("pairs",)) in fused._PLANS
     with pytest.raises(ValueError, match="shares memory"):
         fused.fused_qk_rope(qkv[:, 0], qkv[:, 1], cos2, sin2, inplace=True)
 
@@ -272,6 +272,6 @@ def test_a_planned_layout_still_refuses_cos_sin_inside_k(device):
     k = buf[half:].view(torch.bfloat16).view(tokens, heads, head_dim)
     freqs = buf[half:].view(torch.complex64).view(tokens, head_dim // 2)
     cos2, sin2 = cos_sin_views(freqs)
-    assert fused._PLANS.key(q, k, cos2, sin2, True) in fused._PLANS
+    assert fused._PLANS.key(q, k, cos2, sin2, True, extra=("pairs",)) in fused._PLANS
     with pytest.raises(ValueError, match="shares memory"):
         fused.fused_qk_rope(q, k, cos2, sin2, inplace=True)

@@ -138,11 +138,11 @@ def test_unknown_column_in_the_file_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("damage, match", [
-    (lambda lines: lines[:3] + ["garbage"] + lines[3:], r":4: 1 fields where the header has 8"),
+    (lambda lines: lines[:3] + ["garbage"] + lines[3:], r":4: 1 fields where the header has 9"),
     (lambda lines: lines[:3] + [lines[3].replace("fused,2,", "fused,2.0,")] + lines[4:],
      r":4: column 'tokens' holds '2.0', not int"),
     (lambda lines: lines[:4] + [lines[0]] + lines[4:], r":5: the header is repeated mid-file"),
-    (lambda lines: lines[:-1] + [lines[-1].rsplit(",", 3)[0]], r":7: 5 fields where"),
+    (lambda lines: lines[:-1] + [lines[-1].rsplit(",", 3)[0]], r":7: 6 fields where"),
 ])
 def test_malformed_lines_are_errors_naming_file_and_line(tmp_path, damage, match):
     path = tmp_path / "microbench.csv"
@@ -247,7 +247,8 @@ def test_a_declared_migration_leaves_a_file_the_next_run_accepts(tmp_path):
     upsert_csv(path, [{**new, "tokens": 1024}])
     lines = path.read_text().splitlines()
     assert len(lines) == 6 and all(",3,0;1;2,7," in line for line in lines[3:])
-    assert lines[1].endswith(",,,,,,")  # old rows: the added columns empty
+    # old rows: the added columns empty, the rotation key column its declared value (pairs)
+    assert lines[1].endswith(",,,,,,,pairs")
 
 
 def test_text_values_are_kept_as_written(tmp_path):

@@ -129,7 +129,7 @@ def test_a_rotate_half_encoder_agrees_with_native_and_refuses_pairs_only_kernels
     from dataclasses import replace
 
     from rope_kernels.bench.encoder_bench import encoder_not_run, make_bucket, native_agreement
-    from rope_kernels.model.config import EncoderConfig
+    from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.model.vit import MoonViTEncoder, encoder_inputs
 
     assert EncoderConfig.qwen3_vl().rotation == "half" and EncoderConfig.qwen3_vl().head_dim == 72

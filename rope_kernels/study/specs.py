@@ -547,7 +547,7 @@ RESULT_FILES: dict[str, Table] = {
         added=PEER_COLUMNS + ("profiled_rope_device_ms", *PAIRED_COLUMNS,
                               "round_positions", "order_seed", "round_ms", "in_place",
                               "max_rel_err_vs_native", "max_rel_err_vs_fp32", "agreement_tol_rel",
-                              *MODELLED_TTFT_COLUMNS, *ENCODER_PARALLEL_COLUMNS),
+                              *MODELLED_TTFT_COLUMNS, *ENCODER_PARALLEL_COLUMNS, "encoder"),
         # encoder joined the key with Qwen3-VL's rows (issue 43): rows without it are Kimi-K2.5's
         derived={"in_place": _old_rows_in_place, **_ONE_GPU, "encoder": _kimi_encoder}),
     # Time to first token per RoPE choice and encoder launch policy (prefill.ttft_rows):
