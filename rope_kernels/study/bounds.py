@@ -44,7 +44,11 @@ def _qk_shapes(nb: str, v: Mapping) -> Iterator[tuple[int, str]]:
                 yield 2 * t * h * d * (2 * es + 8), f"shape [{t}, {h}, {d}] in {dtype}"
     elif nb == "02_microbench":
         es = max(ELEMENT_BYTES[d] for d in v["dtypes"])
+        from rope_kernels.towers import tower_families
+
         for family in v["families"]:
+            if isinstance(family, dict) and set(family) == {"tower"}:  # a tower's own family
+                family = tower_families([family["tower"]])[0]
             sizes = [x if isinstance(x, list) else [x] for x in
                      (family["tokens"], family["heads"], family["head_dim"])]
             t, h, d = (max(s) for s in sizes)
