@@ -15,16 +15,16 @@ def _row(**kw):
             "mode": "cudagraph", "device_name": "X", "median_us": 1.0, **kw}
 
 
-GOOD_LINE = "fused,256,16,72,bfloat16,eager,X,2.0\n"
+GOOD_LINE = "fused,256,16,72,bfloat16,eager,X,2.0,pairs\n"  # rotation: the key's last column
 
 
 @pytest.mark.parametrize("damage,match", [
     ('"' + GOOD_LINE, r"microbench\.csv:3: not a well-formed CSV line"),         # quote never closed
-    ('fused,256,16,72,bfloat16,eager,X,"2.0\n', r"microbench\.csv:3: not a well-formed"),
-    ("fused,2560000000000000000000000,16,72,bfloat16,eager,X,2.0\n",             # 25 digits
+    ('fused,256,16,72,bfloat16,eager,X,"2.0,pairs\n', r"microbench\.csv:3: not a well-formed"),
+    ("fused,2560000000000000000000000,16,72,bfloat16,eager,X,2.0,pairs\n",       # 25 digits
      r"microbench\.csv:3: column 'tokens' holds '2560000000000000000000000', not int"),
-    ("fused,-9223372036854775809,16,72,bfloat16,eager,X,2.0\n", r"microbench\.csv:3: column 'tokens'"),
-    ("fused,256,16,72,bfloat16,eager,X,2.0,\n", r"microbench\.csv:3: 9 fields"),
+    ("fused,-9223372036854775809,16,72,bfloat16,eager,X,2.0,pairs\n", r"microbench\.csv:3: column 'tokens'"),
+    ("fused,256,16,72,bfloat16,eager,X,2.0,pairs,\n", r"microbench\.csv:3: 10 fields"),
 ])
 def test_an_unreadable_line_is_refused_naming_the_file_and_kept(tmp_path, damage, match):
     path = tmp_path / "microbench.csv"
