@@ -15,6 +15,8 @@
 # against the wheel's RECORD: tools/device_setup.sh aic) so 04's prefill comes from
 # aiconfigurator's tables (without .carry/c, 04 falls back to the hand model and says so). S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).
+# STUDY_ARGS (optional): extra arguments for every notebook's `rope_kernels run` (e.g. a shorter
+# profile for the device time left: -p 04_ttft.resolutions=[1024x1024]); the executed notebooks (reports) record them.
 # <commit> is `git rev-parse --short=12 HEAD` of the clean commit the tree is (every row
 # records it: ROPE_STUDY_COMMIT).
 #
@@ -108,7 +110,7 @@ echo "$nbs (call $step)" > $JOB.running
 setsid bash -c "
   cd $WORK && rm -rf data/$device reports/$device && cp -r $RES/. ./ 2>/dev/null
   for nb in $nbs; do s=\$(date +%s)
-    python3 -m rope_kernels run --device cuda --only \$nb > $L/run-\$nb.log 2>&1
+    python3 -m rope_kernels run --device cuda --only \$nb ${STUDY_ARGS:-} > $L/run-\$nb.log 2>&1
     echo \"== \$nb rc=\$? \$(( \$(date +%s) - s ))s\" >> $L/done.txt
     cp -r --parents data/$device reports/$device $RES/ 2>/dev/null
   done
