@@ -29,14 +29,35 @@ def test_compiles_for_gfx942_with_mfma_and_one_sin_cos_per_pair(heads):
     assert row["scratch_bytes"] == 0
 
 
+@needs_flydsl
+def test_bias_is_an_operand_read_in_its_own_dtype_or_not_at_all():
+    """As in the CuTe kernels, the bias is the layer's own vector, an operand of the kernel
+    read in its dtype (bf16 or fp32) and widened to fp32: with it the ISA holds more global
+    loads (W and x come by buffer loads; the turns, positions and bias by global ones) than
+    the kernel built without bias, which reads none of it; the rotation is the same (8 sin,
+    8 cos a lane). Failed before: the kernel read the bias from the columns 2 and 3 of
+    ``rope_pair_table``, which no longer exists."""
+    rows = {b: qkv_flydsl.compile_in_subprocess(4, 72, tokens=300, bias=b)
+            for b in ("bfloat16", "float32", None)}
+    for row in rows.values():
+        assert row["isa_counts"]["sin"] == row["isa_counts"]["cos"] == 8
+        assert row["spilled_vgprs"] == row["spilled_sgprs"] == row["scratch_bytes"] == 0
+    assert rows["bfloat16"]["isa_counts"]["global_loads"] > rows[None]["isa_counts"]["global_loads"]
+    assert rows["float32"]["isa_counts"]["global_loads"] > rows[None]["isa_counts"]["global_loads"]
+    with pytest.raises(ValueError, match="bias must be one of"):
+        qkv_flydsl.compile_in_subprocess(4, 72, tokens=300, bias="int8")
+
+
 def test_isa_resources_read_the_metadata_and_refuse_without_it():
     isa = ("    .sgpr_count:     36\n    .sgpr_spill_count: 0\n    .vgpr_count:     57\n"
            "    .vgpr_spill_count: 2\n    .private_segment_fixed_size: 16\n"
            "    .group_segment_fixed_size: 0\n  v_sin_f32 v1, v2\n  v_cos_f32 v3, v2\n"
-           "  v_mfma_f32_16x16x16_bf16 a[0:3], v[0:1], v[2:3], a[0:3]\n")
+           "  v_mfma_f32_16x16x16_bf16 a[0:3], v[0:1], v[2:3], a[0:3]\n"
+           "  global_load_dwordx2 v[4:5], v[6:7], off\n"
+           "  buffer_load_ushort v8, v9, s[0:3], 0 offen\n")
     row = qkv_flydsl.isa_resources(isa)
     assert (row["registers"], row["sgprs"], row["spilled_vgprs"], row["scratch_bytes"]) == (57, 36, 2, 16)
-    assert row["isa_counts"] == {"mfma": 1, "sin": 1, "cos": 1}
+    assert row["isa_counts"] == {"mfma": 1, "sin": 1, "cos": 1, "global_loads": 1}
     with pytest.raises(RuntimeError, match="no registers"):
         qkv_flydsl.isa_resources(isa.replace(".vgpr_count", ".vgprs"))
 

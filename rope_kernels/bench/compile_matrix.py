@@ -414,6 +414,9 @@ def compile_matrix_table(csv_path: Path = COMPILE_MATRIX_CSV) -> pd.DataFrame:
 # (not Triton) for sm_100a: kernel name -> CuteQKVConfig label (+ "/norot": rotation
 # compiled out), at Kimi's shape (16 heads x 72, hidden 1152) in bf16.
 CUTE_SM100_ROWS = {"qkv_cute_sm100": "192x1", "qkv_cute_sm100_norot": "192x1/norot"}
+# The bias of the sm_100a and gfx942 rows, an operand of the kernel read in its own dtype:
+# bf16, as a bf16 nn.Linear holds it.
+EXTRA_BIAS = "bfloat16"
 
 
 def cute_sm100_matrix(rows: dict[str, str] = CUTE_SM100_ROWS, log=print) -> pd.DataFrame:
@@ -426,13 +429,14 @@ def cute_sm100_matrix(rows: dict[str, str] = CUTE_SM100_ROWS, log=print) -> pd.D
     heads, head_dim = 16, 72
     if not qkv_cute.available():
         raise RuntimeError("the sm_100a rows need nvidia-cutlass-dsl (CuTe DSL) installed")
-    results = qkv_cute_sm100.compile_in_subprocess(list(rows.values()), heads, head_dim, TOKENS)
+    results = qkv_cute_sm100.compile_in_subprocess(list(rows.values()), heads, head_dim, TOKENS,
+                                                   bias=EXTRA_BIAS)
     out = []
     for (name, label), res in zip(rows.items(), results):
         row = {"kernel": name, "triton_kernel": "KimiQKVRopeSm100", "target": "sm_100a",
                "backend": "cuda", "warp_size": 32, "gpus": "NVIDIA B200 / GB200",
                "tokens": TOKENS, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
-               "constexprs": json.dumps({"config": label}), "compiler":
+               "constexprs": json.dumps({"config": label, "bias": EXTRA_BIAS}), "compiler":
                f"nvidia-cutlass-dsl {qkv_cute.cutlass_dsl_version()}",
                "torch_version": torch.__version__, "git_commit": git_commit()}
         if res["error"]:
@@ -464,11 +468,12 @@ def flydsl_gfx942_matrix(log=print) -> pd.DataFrame:
            "tokens": TOKENS, "heads": heads, "head_dim": head_dim, "dtype": "bfloat16",
            "num_warps": 4, "constexprs": json.dumps({"tile": [qkv_flydsl.TILE_N,
                                                               qkv_flydsl.TILE_T,
-                                                              qkv_flydsl.TILE_K]}),
+                                                              qkv_flydsl.TILE_K],
+                                             "bias": EXTRA_BIAS}),
            "compiler": f"flydsl {qkv_flydsl.flydsl_version()}",
            "torch_version": torch.__version__, "git_commit": git_commit()}
     try:
-        res = qkv_flydsl.compile_in_subprocess(heads, head_dim, TOKENS)
+        res = qkv_flydsl.compile_in_subprocess(heads, head_dim, TOKENS, bias=EXTRA_BIAS)
         spilled = res["spilled_vgprs"] + res["spilled_sgprs"]
         row.update({k: res[k] for k in ("registers", "sgprs", "scratch_bytes", "shared_bytes")},
                    spilled_registers=spilled, spills=spilled > 0 or res["scratch_bytes"] > 0,

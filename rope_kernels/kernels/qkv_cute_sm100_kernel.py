@@ -11,8 +11,9 @@ One CTA per (128 x tile_n) output tile, 4 warps, no cluster:
 - all 4 warps, the epilogue: warp w reads tensor-memory lanes 32w..32w+31 (rows of the tile)
   with ``tcgen05.ld.32x32b``, so a thread holds one row and ``store_cols`` consecutive columns
   of it: a pair (2j, 2j+1) sits in two adjacent registers of one thread and one token's patch
-  position serves the whole row. Bias and rotation are the sm_90a kernel's (the same table,
-  the same ``_turn``), then bf16/fp16 through shared memory to TMA stores.
+  position serves the whole row. Bias and rotation are the sm_90a kernel's (the layer's
+  bias read as an operand in its own dtype, the same ``rope_pair_turns`` table, the same
+  ``_turn``), then bf16/fp16 through shared memory to TMA stores.
 """
 
 import cutlass
@@ -23,7 +24,7 @@ import cutlass.utils.blackwell_helpers as sm100
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
-from rope_kernels.kernels.qkv_cute import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
+from rope_kernels.kernels.qkv_cute_config import EPI_STAGES, TILE_K, TILE_M, CuteQKVConfig
 from rope_kernels.kernels.qkv_cute_kernel import _turn
 
 THREADS = 128  # 4 warps: tensor memory's 128 lanes, 32 a warp
@@ -37,9 +38,11 @@ def tmem_columns(tile_n: int) -> int:
 
 class KimiQKVRopeSm100:
     """The sm_100a kernel: ``KimiQKVRopeSm100(cfg, rot_cols, has_bias, elem_bytes)`` is
-    compiled by ``cute.compile(kernel, x, w, out, table, coords, stream)``
+    compiled by ``cute.compile(kernel, x, w, out, turns, bias, coords, stream)``
     (``qkv_cute_sm100.compile_kernel``). ``cfg``'s tile_n, store columns, stages and rotate
-    are used; it must have ``cluster_m == 1`` (no multicast here)."""
+    are used; it must have ``cluster_m == 1`` (no multicast here). ``bias`` is the layer's
+    own (3*H*D,) vector, read in its dtype at every launch (not read where ``has_bias`` is
+    False), as in the sm_90a kernel."""
 
     def __init__(self, cfg: CuteQKVConfig, rot_cols: int, has_bias: bool, elem_bytes: int):
         if cfg.cluster_m != 1:
@@ -59,7 +62,7 @@ class KimiQKVRopeSm100:
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mOut: cute.Tensor,
-                 mTab: cute.Tensor, mCoords: cute.Tensor, stream):
+                 mTurns: cute.Tensor, mBias: cute.Tensor, mCoords: cute.Tensor, stream):
         dtype = mX.element_type
         self.dtype = dtype
         k_major = tcgen05.OperandMajorMode.K
@@ -96,14 +99,15 @@ class KimiQKVRopeSm100:
                                     1024]
 
         self.storage = Storage
-        self.kernel(tma_x, gX, tma_w, gW, tma_out, gOut, mTab, mCoords, tiled_mma,
+        self.kernel(tma_x, gX, tma_w, gW, tma_out, gOut, mTurns, mBias, mCoords, tiled_mma,
                     a_layout, b_layout, epi_layout).launch(
             grid=(*tiles_mn, 1), block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, gX: cute.Tensor, tma_w: cute.CopyAtom,
                gW: cute.Tensor, tma_out: cute.CopyAtom, gOut: cute.Tensor,
-               mTab: cute.Tensor, mCoords: cute.Tensor, tiled_mma: cute.TiledMma,
+               mTurns: cute.Tensor, mBias: cute.Tensor, mCoords: cute.Tensor,
+               tiled_mma: cute.TiledMma,
                a_layout: cute.ComposedLayout, b_layout: cute.ComposedLayout,
                epi_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
@@ -185,13 +189,14 @@ class KimiQKVRopeSm100:
 
         tmem.relinquish_alloc_permit()
         acc_done.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-        self.epilogue(tidx, warp, acc, sOut, tma_out, gOut, m_t, n_t, mTab, mCoords, block_bar)
+        self.epilogue(tidx, warp, acc, sOut, tma_out, gOut, m_t, n_t, mTurns, mBias, mCoords,
+                      block_bar)
 
         block_bar.arrive_and_wait()
         tmem.free(acc.iterator)
 
     @cute.jit
-    def epilogue(self, tidx, warp, acc, sOut, tma_out, gOut, m_t, n_t, mTab, mCoords,
+    def epilogue(self, tidx, warp, acc, sOut, tma_out, gOut, m_t, n_t, mTurns, mBias, mCoords,
                  block_bar):
         """Tensor memory -> registers (one row a thread) -> bias and rotation ->
         bf16/fp16 -> shared memory -> TMA stores of (128, store_cols) subtiles."""
@@ -227,7 +232,7 @@ class KimiQKVRopeSm100:
         for e in cutlass.range_constexpr(cute.size(t2r_acc, mode=[4])):
             cute.copy(t2r, t2r_acc[(None, None, None, 0, e)], r_acc)
             self.bias_and_rotate(r_acc, t2r_coord[(None, None, None, 0, e)], m0, n0,
-                                 mTab, mCoords)
+                                 mTurns, mBias, mCoords)
             r_out.store(r_acc.load().to(self.dtype))
             buf = e % EPI_STAGES
             cute.copy(r2s, r2s_src, r2s_dst[(None, None, None, buf)])
@@ -242,15 +247,15 @@ class KimiQKVRopeSm100:
             stores.producer_tail()
 
     @cute.jit
-    def bias_and_rotate(self, r_acc, coord, m0, n0, mTab, mCoords):
+    def bias_and_rotate(self, r_acc, coord, m0, n0, mTurns, mBias, mCoords):
         """Bias, then Kimi's rotation, on one thread's fp32 registers in place: one row of
         the tile and consecutive columns (``tcgen05.ld.32x32b``), so register 2i and 2i+1 are
         a pair's two columns; the row's patch position is read once. The arithmetic is the
-        sm_90a kernel's (``KimiQKVRopeSm90.bias_and_rotate``): x + b, then ``_turn`` by
-        row * t[p, 0] + column * t[p, 1] turns."""
+        sm_90a kernel's (``KimiQKVRopeSm90.bias_and_rotate``): x + b (b read in its own
+        dtype, widened to fp32), then ``_turn`` by row * t[p, 0] + column * t[p, 1] turns."""
         if cutlass.const_expr(self.has_bias or self.rotate):
             rotated = n0 < self.rot_cols  # wholly-v tiles: bias only
-            last_pair = mTab.shape[0] - 1  # a last tile's columns past 3*H*D are not stored
+            last_pair = mTurns.shape[0] - 1  # a last tile's columns past 3*H*D are not stored
             if cutlass.const_expr(self.rotate):
                 row = cutlass.min(m0 + coord[0][0], mCoords.shape[0] - 1)
                 pos_r = Float32(mCoords[row, 0])
@@ -260,10 +265,10 @@ class KimiQKVRopeSm100:
                 x0 = r_acc[2 * i]
                 x1 = r_acc[2 * i + 1]
                 if cutlass.const_expr(self.has_bias):
-                    x0 = x0 + mTab[p, 2]
-                    x1 = x1 + mTab[p, 3]
+                    x0 = x0 + mBias[2 * p].to(Float32)
+                    x1 = x1 + mBias[2 * p + 1].to(Float32)
                 if cutlass.const_expr(self.rotate):
                     if rotated:
-                        x0, x1 = _turn(x0, x1, pos_r * mTab[p, 0] + pos_c * mTab[p, 1])
+                        x0, x1 = _turn(x0, x1, pos_r * mTurns[p, 0] + pos_c * mTurns[p, 1])
                 r_acc[2 * i] = x0
                 r_acc[2 * i + 1] = x1

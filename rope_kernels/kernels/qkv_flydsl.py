@@ -7,10 +7,12 @@ is MFMA's A operand, x its B). An MFMA 16x16 accumulator gives each lane four co
 of its tile at one column: transposed, four consecutive output columns of one token, so a
 pair (2j, 2j+1) sits in two adjacent registers of one lane and one token's patch position
 serves both of its pairs; the rotation needs no data movement between lanes and no weight
-permutation. The epilogue is the CuTe kernels' (``qkv_cute``): the same per-pair table
-(``rope_pair_table``: turns per patch row and column, the bias), bias first, angle =
-row * t[p, 0] + column * t[p, 1] turns reduced to [-1/2, 1/2] turn; the hardware's
-``v_sin_f32``/``v_cos_f32`` take their argument in turns, so it goes in without a 2*pi.
+permutation. The epilogue is the CuTe kernels' (``qkv_cute``): the layer's bias read as an
+operand in its own dtype (fp32/bf16/fp16, widened to fp32; a kernel built without bias reads
+none), added first; the same per-pair turns (``rope_pair_turns``: turns per patch row and
+column), angle = row * t[p, 0] + column * t[p, 1] turns reduced to [-1/2, 1/2] turn; the
+hardware's ``v_sin_f32``/``v_cos_f32`` take their argument in turns, so it goes in without a
+2*pi.
 
 The kernel is deliberately plain (no LDS staging, no software pipelining, one 64 x 64 tile a
 workgroup of 4 waves, element-wise buffer loads): it proves that the epilogue compiles with
@@ -89,10 +91,13 @@ def toolchain(tmp: Path) -> dict:
             "ROCM_PATH": str(rocm)}
 
 
-def build_kernel(rot_cols: int):
-    """The jitted launcher ``launch(w, x, out_t, table, coords, stream)`` (FlyDSL imported
-    here). ``out_t``: the (T, N) output seen as (N, T), i.e. ``out.t()``; ``rot_cols``: the
-    q|k columns (2*H*D), rotated; v's columns get the bias only."""
+def build_kernel(rot_cols: int, has_bias: bool = True):
+    """The jitted launcher ``launch(w, x, out_t, turns, bias, coords, stream)`` (FlyDSL
+    imported here). ``out_t``: the (T, N) output seen as (N, T), i.e. ``out.t()``; ``turns``:
+    ``rope_pair_turns``; ``bias``: the layer's (N,) vector in its own dtype, read at every
+    launch, or where ``has_bias`` is False any tensor, never read (``qkv_cute``'s
+    ``_bias_operand``: the turns' memory); ``rot_cols``: the q|k columns (2*H*D), rotated;
+    v's columns get the bias only."""
     import flydsl.compiler as flyc
     import flydsl.expr as fx
     from flydsl._mlir.dialects import rocdl as rocdl_ops
@@ -103,8 +108,8 @@ def build_kernel(rot_cols: int):
         return fx.Float32(op(ir_types.f32, as_ir_value(turns)))
 
     @flyc.kernel
-    def qkv_rope_kernel(W: fx.Tensor, X: fx.Tensor, OutT: fx.Tensor, Tab: fx.Tensor,
-                        Pos: fx.Tensor):
+    def qkv_rope_kernel(W: fx.Tensor, X: fx.Tensor, OutT: fx.Tensor, Turns: fx.Tensor,
+                        Bias: fx.Tensor, Pos: fx.Tensor):
         tid = fx.thread_idx.x
         bid_n, bid_t = fx.block_idx.x, fx.block_idx.y
         N, K = W.shape.unpack()
@@ -153,9 +158,12 @@ def build_kernel(rot_cols: int):
             # a partial tile's columns and tokens are not stored: clamped to read in bounds
             p = (p < last_pair).select(p, last_pair)
             t = (t < last_token).select(t, last_token)
-            x0 = acc[2 * q] + Tab[p, 2]
-            x1 = acc[2 * q + 1] + Tab[p, 3]
-            turns = fx.Float32(Pos[t, 0]) * Tab[p, 0] + fx.Float32(Pos[t, 1]) * Tab[p, 1]
+            x0 = acc[2 * q]
+            x1 = acc[2 * q + 1]
+            if has_bias:  # the bias in its own dtype, widened to fp32, added before the turn
+                x0 = x0 + fx.Float32(Bias[2 * p])
+                x1 = x1 + fx.Float32(Bias[2 * p + 1])
+            turns = fx.Float32(Pos[t, 0]) * Turns[p, 0] + fx.Float32(Pos[t, 1]) * Turns[p, 1]
             turns = turns - fx.math.roundeven(turns)
             cos = hw(rocdl_ops.cos, turns)
             sin = hw(rocdl_ops.sin, turns)
@@ -167,12 +175,12 @@ def build_kernel(rot_cols: int):
         fx.copy(elem, copy_out.retile(out), copy_out.partition_S(gO), pred=None)
 
     @flyc.jit
-    def launch(W: fx.Tensor, X: fx.Tensor, OutT: fx.Tensor, Tab: fx.Tensor, Pos: fx.Tensor,
-               stream: fx.Stream = fx.Stream(None)):
+    def launch(W: fx.Tensor, X: fx.Tensor, OutT: fx.Tensor, Turns: fx.Tensor, Bias: fx.Tensor,
+               Pos: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
         grid_n = fx.get_scalar(fx.ceil_div(W.shape[0], TILE_N))
         grid_t = fx.get_scalar(fx.ceil_div(X.shape[0], TILE_T))
-        qkv_rope_kernel(W, X, OutT, Tab, Pos).launch(grid=(grid_n, grid_t, 1),
-                                                     block=(256, 1, 1), stream=stream)
+        qkv_rope_kernel(W, X, OutT, Turns, Bias, Pos).launch(grid=(grid_n, grid_t, 1),
+                                                             block=(256, 1, 1), stream=stream)
 
     return launch
 
@@ -185,11 +193,14 @@ _AMDGCN = {
     "scratch_bytes": re.compile(r"^\s*\.private_segment_fixed_size:\s+(\d+)", re.M),
     "shared_bytes": re.compile(r"^\s*\.group_segment_fixed_size:\s+(\d+)", re.M),
 }
-_ISA_COUNTS = {"mfma": r"v_mfma_f32_16x16x16_?bf16", "sin": r"v_sin_f32", "cos": r"v_cos_f32"}
+# global loads: the epilogue's (turns, positions, bias); W and x come in by buffer loads
+_ISA_COUNTS = {"mfma": r"v_mfma_f32_16x16x16_?bf16", "sin": r"v_sin_f32", "cos": r"v_cos_f32",
+               "global_loads": r"\bglobal_load_\w+"}
 
 
 def isa_resources(isa: str) -> dict:
-    """What the gfx942 ISA's kernel metadata says it uses, and its MFMA and sin/cos counts."""
+    """What the gfx942 ISA's kernel metadata says it uses, and its MFMA, sin/cos and global
+    load counts."""
     row = {}
     for key, pattern in _AMDGCN.items():
         m = pattern.search(isa)
@@ -200,24 +211,33 @@ def isa_resources(isa: str) -> dict:
     return row
 
 
+BIAS_DTYPES = ("bfloat16", "float32", "float16")  # the layer's bias as the kernel reads it
+
+
 def compile_gfx942(heads: int = 16, head_dim: int = 72, hidden: int = 1152,
-                   tokens: int = 4096) -> dict:
+                   tokens: int = 4096, bias: str | None = "bfloat16") -> dict:
     """Compile (this process; FlyDSL's compile-only settings must be in the environment, see
-    ``compile_in_subprocess``) at Kimi's shape, bf16, and read the kernel's resources from
-    the final ISA."""
+    ``compile_in_subprocess``) at Kimi's shape, bf16, with a bias of dtype ``bias`` (bf16 as a
+    bf16 ``nn.Linear`` holds it; None: the kernel without bias), and read the kernel's
+    resources from the final ISA."""
     import torch
 
     from rope_kernels.kernels.freqs import vision_rope_frequencies
-    from rope_kernels.kernels.qkv_cute import rope_pair_table
+    from rope_kernels.kernels.qkv_cute import _bias_operand, rope_pair_turns
+
+    if bias is not None and bias not in BIAS_DTYPES:
+        raise ValueError(f"bias must be one of {BIAS_DTYPES} or None, got {bias!r}")
 
     n = 3 * heads * head_dim
     w = torch.randn(n, hidden, dtype=torch.bfloat16)
     x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
     out = torch.empty(tokens, n, dtype=torch.bfloat16)
-    table = rope_pair_table(heads, head_dim, vision_rope_frequencies(head_dim), None)
+    turns = rope_pair_turns(heads, head_dim, vision_rope_frequencies(head_dim))
+    b = None if bias is None else torch.randn(n, dtype=getattr(torch, bias))
     coords = torch.zeros(tokens, 2, dtype=torch.int32)
     import flydsl.compiler as flyc
-    flyc.compile(build_kernel(2 * heads * head_dim), w, x, out.t(), table, coords)
+    flyc.compile(build_kernel(2 * heads * head_dim, b is not None), w, x, out.t(), turns,
+                 _bias_operand(b, turns), coords)
     dump = Path(os.environ["FLYDSL_DUMP_DIR"])
     isas = sorted(dump.glob("qkv_rope_kernel*/*final_isa.s"))
     if len(isas) != 1:
@@ -226,14 +246,16 @@ def compile_gfx942(heads: int = 16, head_dim: int = 72, hidden: int = 1152,
 
 
 def compile_in_subprocess(heads: int = 16, head_dim: int = 72, tokens: int = 4096,
-                          timeout_s: float = 600) -> dict:
+                          timeout_s: float = 600, bias: str | None = "bfloat16") -> dict:
     """``compile_gfx942`` in a fresh process with the compile-only environment."""
     import json
+    if bias is not None and bias not in BIAS_DTYPES:
+        raise ValueError(f"bias must be one of {BIAS_DTYPES} or None, got {bias!r}")
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, **toolchain(Path(tmp))}
         proc = subprocess.run([sys.executable, "-m", "rope_kernels.kernels.qkv_flydsl",
                                json.dumps({"heads": heads, "head_dim": head_dim,
-                                           "tokens": tokens})],
+                                           "tokens": tokens, "bias": bias})],
                               env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or len(lines) != 1:
@@ -245,6 +267,6 @@ def compile_in_subprocess(heads: int = 16, head_dim: int = 72, tokens: int = 409
 if __name__ == "__main__":
     import json
     req = json.loads(sys.argv[1])
-    print(json.dumps(compile_gfx942(req["heads"], req["head_dim"], tokens=req["tokens"])),
-          flush=True)
+    print(json.dumps(compile_gfx942(req["heads"], req["head_dim"], tokens=req["tokens"],
+                                    bias=req["bias"])), flush=True)
     shutil.rmtree(os.environ["FLYDSL_DUMP_DIR"], ignore_errors=True)
