@@ -106,6 +106,9 @@ if [ -n "${STUDY_PREFLIGHT:-}" ]; then
   echo "preflight rc=$? ($STUDY_PREFLIGHT)"; tail -15 $L/preflight-$step.log | cut -c1-300
 fi
 case $step in S) nbs="";; A) nbs="03";; B) nbs="02";; C) nbs="04 01 05 06";; esac
+# STUDY_NOTEBOOKS (optional): this call's notebooks instead of its step's (an order that puts
+# first what matters most when device time is short, e.g. "04 05" in C, then "01 06")
+[ $step = S ] || nbs=${STUDY_NOTEBOOKS:-$nbs}
 [ -n "$nbs" ] || leave 0
 device=$(python3 -c "from rope_kernels.provenance import device_name, device_slug; print(device_slug(device_name('cuda')))") || leave 1
 echo "$nbs (call $step)" > $JOB.running
