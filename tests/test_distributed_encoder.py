@@ -45,6 +45,7 @@ def _worker(rank, world, port, mode, grids, out):
             want = full(inp.patches, inp.grids, rope="native", attention="sdpa_per_image")
             torch.save({"got": got, "want": want, "comm_ms": comm,
                         "shard_qkv": tuple(model.blocks[0].wqkv.weight.shape)}, out)
+        dist.barrier()  # neither rank tears its gloo pairs down while the other still works
     finally:
         dist.destroy_process_group()
 

@@ -230,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(table[["variant", "images", "encoder_parallel", "median_ms", "comm_ms"]].to_string(index=False))
             if args.out:
                 table.to_csv(args.out, index=False)
+        dist.barrier()  # no rank tears its pairs down while rank 0 still writes
     finally:
         dist.destroy_process_group()
     return 0
