@@ -227,3 +227,23 @@ def test_coloured_tracebacks_lose_their_host_paths():
     nb.cells.append(cell)
     line = clean_outputs(nb).cells[0].outputs[0].traceback[0]
     assert "/opt/" not in line and ".venv" not in line and "base.py:3641" in line
+
+
+def test_nav_links_the_reports_a_folder_holds_and_those_a_run_renders_next(tmp_path):
+    """A folder re-rendered after a partial run (the H200's: no 01, no 03) names the missing
+    reports unlinked instead of linking pages that are not there; mid-run (nothing after
+    this report yet) the ones still to come are linked, as a run renders them in order."""
+    from rope_kernels.study.reports import _nav
+
+    for stem in ("02_microbench", "04_ttft", "05_qkv_gemm", "06_summary"):
+        (tmp_path / f"{stem}.ipynb").write_text("{}")
+    nav = _nav("04_ttft", tmp_path)
+    assert "01_kernels (not in this run)" in nav and "(./01_kernels.html)" not in nav
+    assert "(./02_microbench.html)" in nav and "(./06_summary.html)" in nav
+    nav = _nav("06_summary", tmp_path)
+    assert "(./03_profile.html)" not in nav and "(./05_qkv_gemm.html)" in nav
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "01_kernels.ipynb").write_text("{}")
+    nav = _nav("01_kernels", fresh)  # the first report of a run in order: all six ahead
+    assert all(f"(./{s}.html)" in nav for s in ("02_microbench", "03_profile", "06_summary"))

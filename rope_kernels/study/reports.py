@@ -159,8 +159,14 @@ def _nav(stem: str, report_dir: Path) -> str:
     links = ["[All reports: reports/index.html](../index.html)"]
     if _ignored(report_dir):  # a local run's reports (never committed): its own index
         links.append(f"[with this machine's runs: reports/{LOCAL_INDEX}](../{LOCAL_INDEX})")
-    # all six, rendered before or after this one (a run renders them in order)
-    links += [f"[{other}](./{other}.html)" for other in QUESTIONS if other != stem]
+    # the reports this folder holds, and while a run renders them in order (none after this
+    # one exists yet) the ones it renders next; any other is named unlinked
+    order = list(QUESTIONS)
+    later = order[order.index(stem) + 1:] if stem in order else []
+    mid_run = not any((report_dir / f"{other}.ipynb").exists() for other in later)
+    links += [f"[{other}](./{other}.html)" if (report_dir / f"{other}.ipynb").exists()
+              or (mid_run and other in later) else f"{other} (not in this run)"
+              for other in QUESTIONS if other != stem]
     return "<nav class='report-nav'>\n\n" + " · ".join(links) + "\n\n</nav>"
 
 
