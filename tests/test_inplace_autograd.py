@@ -13,6 +13,15 @@ from rope_kernels.variants import fused_rope
 MODIFIED = "modified by an inplace operation"
 
 
+@pytest.fixture(autouse=True)
+def _tensors_on_the_tests_device(device):
+    """Every tensor these tests make lives where the kernels run (a GPU where there is one:
+    the H200 preflight failed on CPU tensors without the interpreter)."""
+    torch.set_default_device(device)
+    yield
+    torch.set_default_device(None)
+
+
 def _inputs(tokens=5, heads=2, head_dim=8, dtype=torch.float32):
     xq = torch.randn(tokens, heads, head_dim).to(dtype)
     xk = torch.randn(tokens, heads, head_dim).to(dtype)
