@@ -214,3 +214,23 @@ def test_ttft_sentence_names_the_prefill_source_and_follows_the_rows():
     assert "16 images: native 1770.0 ms, fused (ours) 1752.3 ms (1.0% less" in line
     assert "the hand model (no tables for cpu)" in S.ttft_lines(rows({1: 168.3, 16: 1752.3}, "hand"))[0]
     assert S.ttft_lines({}) == []
+
+
+def test_tower_lines_ship_whichever_is_ahead_beyond_noise():
+    """README's per-tower line: ours ahead beyond the p20/p80 bands -> ours; the peer ahead
+    beyond them -> the peer; overlapping bands -> within noise (each case can fail)."""
+    import pandas as pd
+
+    from rope_kernels.study.summaries import tower_ship_lines
+
+    def rows(ours, peer):
+        out = []
+        for variant, (med, p20, p80), place in (("fused", ours, False), ("quack_rotary", peer, False)):
+            out.append(dict(variant=variant, tokens=4096, heads=16, head_dim=72, dtype="bfloat16",
+                            mode="cudagraph", rotation="half", tower="qwen3_vl", median_us=med,
+                            p20_us=p20, p80_us=p80, in_place=place, pct_of_same_bytes_copy=80.0))
+        return {"microbench.csv": pd.DataFrame(out)}
+
+    assert "ship ours" in tower_ship_lines(rows((10, 9.9, 10.1), (12, 11.9, 12.1)))[0]
+    assert "ship QuACK" in tower_ship_lines(rows((12, 11.9, 12.1), (10, 9.9, 10.1)))[0]
+    assert "within noise" in tower_ship_lines(rows((10, 9, 11), (10.2, 9.5, 11)))[0]

@@ -684,10 +684,50 @@ def readme_block(files: dict, device: str) -> str:
     lines += [f"- {s}" for s in study_lines(files)]
     lines += ["", "**What to ship** (the RoPE each engine's Kimi-K2.5 vision tower calls today, against ours):", ""]
     lines += [f"- {s}" for s in ship_lines(files)]
+    towers = tower_ship_lines(files)
+    if towers:
+        lines += ["", "**Per vision tower** (our fused kernel against the fastest engine kernel of the same "
+                  "kind, at the tower's largest timed token count, CUDA graphs, cold L2, medians):", ""]
+        lines += [f"- {s}" for s in towers]
     lines += ["", "**Run it:** `make study` (every notebook on this machine's device; reports in "
               "`reports/<device>/`, open `reports/index.html`) and `make test` (the CPU tier under Triton's "
               "interpreter, then the notebooks)."]
     return "\n".join(lines) + "\n"
+
+
+def tower_ship_lines(files: dict) -> list[str]:
+    """Per tower (``towers.py``) and kind of call (out of place, in place): what to ship, ours
+    or the engine kernel, judged beyond the p20/p80 noise (``summary.tower_rows``)."""
+    from rope_kernels.study.summary import tower_rows
+    from rope_kernels.towers import TOWERS
+
+    micro = files.get("microbench.csv")
+    if not isinstance(micro, pd.DataFrame) or micro.empty or "tower" not in micro:
+        return []
+    rows = tower_rows(micro)
+    out = []
+    for tower in TOWERS:
+        t = rows[rows["tower"] == tower]
+        if t.empty:
+            continue
+        first = t.iloc[0]
+        parts = []
+        for r in t.itertuples():
+            kind = "in place" if r.ours == "fused_inplace" else "out of place"
+            if not r.best_peer:
+                parts.append(f"{kind}, `{r.ours}` {r.ours_us:.1f} us (no engine kernel of that kind ran)")
+                continue
+            if r.lead_worst > 1:
+                verdict = f"ship ours, {r.lead:.2f}x ahead beyond noise"
+            elif r.trail_worst > 1:
+                verdict = f"ship {name(r.best_peer)}: {1 / r.lead:.2f}x ahead of ours beyond noise"
+            else:
+                verdict = "within noise of each other"
+            parts.append(f"{kind}, `{r.ours}` {r.ours_us:.1f} us ({r.ours_pct_of_same_bytes_copy:.0f}% of "
+                         f"its same-bytes copy) against {name(r.best_peer)} {r.peer_us:.1f} us: {verdict}")
+        out.append(f"{tower} ({first.rotation}, {first.heads} x {first.head_dim}, {first.tokens:,} tokens): "
+                   + "; ".join(parts) + ".")
+    return out
 
 
 def readme_summary(readme: str, begin: str = README_BEGIN, end: str = README_END) -> str:

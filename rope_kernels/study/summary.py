@@ -207,13 +207,14 @@ def tower_rows(micro: pd.DataFrame, mode: str = "cudagraph", dtype: str = "bfloa
     count: its rotation and shape, our fused kernel's time and share of the same-bytes copy,
     and the best peer of the same kind (out of place against ``fused``, in place against
     ``fused_inplace``) with ``lead`` = its time over ours and ``lead_worst`` = its p20 over
-    our p80 (> 1: ours ahead beyond the p20/p80 noise). Kimi-K2.5's rows are the pairs rows
+    our p80 (> 1: ours ahead beyond the p20/p80 noise), ``trail_worst`` our p20 over its p80
+    (> 1: the peer ahead beyond that noise). Kimi-K2.5's rows are the pairs rows
     at its 16 x 72 (rows from before the tower column name no tower)."""
     from rope_kernels.catalogue import names as catalogued
     from rope_kernels.towers import TOWERS
 
     cols = ["device_folder", "tower", "rotation", "tokens", "heads", "head_dim", "ours", "ours_us",
-            "ours_pct_of_same_bytes_copy", "best_peer", "peer_us", "lead", "lead_worst"]
+            "ours_pct_of_same_bytes_copy", "best_peer", "peer_us", "lead", "lead_worst", "trail_worst"]
     if micro.empty:
         return pd.DataFrame(columns=cols)
     g = micro[(micro["mode"] == mode) & (micro["dtype"] == dtype)].copy()
@@ -244,5 +245,7 @@ def tower_rows(micro: pd.DataFrame, mode: str = "cudagraph", dtype: str = "bfloa
                          "best_peer": best["variant"] if best is not None else "",
                          "peer_us": best["median_us"] if best is not None else float("nan"),
                          "lead": best["median_us"] / me["median_us"] if best is not None else float("nan"),
-                         "lead_worst": best["p20_us"] / me["p80_us"] if best is not None else float("nan")})
+                         "lead_worst": best["p20_us"] / me["p80_us"] if best is not None else float("nan"),
+                         # > 1: the peer ahead of ours beyond the p20/p80 noise
+                         "trail_worst": me["p20_us"] / best["p80_us"] if best is not None else float("nan")})
     return pd.DataFrame(rows, columns=cols)
