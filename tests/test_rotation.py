@@ -70,6 +70,27 @@ def test_rotate_half_matches_float64_on_packed_views(shape, dtype, inplace, devi
         assert torch.equal(qkv, before), "out of place wrote into its inputs"
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("shape", [(5, 3, 72), (4, 2, 80), (3, 5, 6)], ids=lambda s: "x".join(map(str, s)))
+def test_rotate_half_reads_a_complex_freqs_cis_by_its_views(shape, inplace, device):
+    """cos/sin as the real and imaginary views of a complex64 freqs_cis (how the study hands
+    them over): the kernel reads each column's (cos, sin) as one 64-bit word; against the
+    float64 form here, at odd head counts and halves (36, 40, 3)."""
+    from rope_kernels.variants import fused_rope
+
+    seed = new_seed()
+    qkv, cos, sin = draw(*shape, torch.float32, seed)
+    freqs_cis = torch.complex(cos, sin).to(device)
+    qkv = qkv.to(device)
+    xq, xk = qkv[:, 0], qkv[:, 1]
+    want = [rotate_half_f64(x.cpu(), cos, sin) for x in (xq, xk)]
+    got = fused_rope(xq, xk, freqs_cis, inplace=inplace, rotation="half")
+    for g, w in zip(got, want):
+        assert (g.cpu().double() - w).abs().max().item() < 1e-5 * w.abs().max().item(), seed
+    if inplace:
+        assert got[0].data_ptr() == qkv[:, 0].data_ptr()
+
+
 def test_rotate_half_fp32_and_the_library_reference_agree(device):
     """fp32 data at fp32 accuracy; the library's float64 reference (``split_pairs``) is the
     test's own formula."""
@@ -160,24 +181,41 @@ def test_native_rotate_half_is_qwens_path_and_its_launches_are_counted(dtype):
     assert total == native.launch_count(dtype, "half") != native.launch_count(dtype), per_kernel
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["two_chunks", "padded"])
-def test_rotate_half_on_strided_heads_and_every_row_layout(padded, device):
-    """Heads that are not adjacent (a wider buffer's first D of each head) and the row as
-    one padded block or two chunks: a partner in the other chunk is still read by address."""
+@pytest.mark.parametrize("tile_bytes", [64, 4096], ids=["one_token", "many_tokens"])
+@pytest.mark.parametrize("head_dim", [72, 80, 6])
+def test_rotate_half_on_strided_heads_and_tiles(tile_bytes, head_dim, device):
+    """Heads that are not adjacent (a wider buffer's first D of each head), a head count that
+    is not a power of two (the padded heads masked), halves that are not a power of two (36 =
+    32 + 4, 40 = 32 + 8, 3 = 2 + 1), one or many tokens a program with a masked tail."""
     from rope_kernels.kernels.fused import rows_launch_config
 
     seed = new_seed()
     gen = torch.Generator().manual_seed(seed)
-    tokens, heads, head_dim = 3, 3, 72  # row 216 = 128 + 88: partners cross the chunk boundary
+    tokens, heads = 5, 3
     wide = torch.randn(tokens, heads, head_dim + 8, generator=gen).to(device)
     xq, xk = wide[..., :head_dim], wide.flip(0)[..., :head_dim]
     angles = torch.rand(tokens, head_dim // 2, generator=gen, dtype=torch.float64) * 40
     cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
-    config = rows_launch_config(heads, head_dim, 4, padded=padded)
+    config = rows_launch_config(heads, head_dim, 4, tile_bytes, rotation="half")
     q, k = fused_qk_rope(xq, xk, cos, sin, rotation="half", config=config)
     for got, x in ((q, xq), (k, xk)):
         ref = rotate_half_f64(x.cpu(), cos.cpu(), sin.cpu())
         assert (got.cpu().double() - ref).abs().max().item() < 1e-5 * ref.abs().max().item(), seed
+
+
+def test_rotate_half_refuses_the_padded_row_layout(device):
+    """``RowsConfig(padded=True)`` tiles a whole row as one block: a pairs layout; rotate-half
+    tiles each head's halves, so the config is refused with why, nothing written."""
+    from rope_kernels.kernels.fused import rows_launch_config
+
+    xq = torch.randn(2, 2, 8, device=device)
+    xk = torch.randn(2, 2, 8, device=device)
+    cos, sin = torch.ones(2, 4, device=device), torch.zeros(2, 4, device=device)
+    before = xq.clone()
+    with pytest.raises(ValueError, match="pairs layout"):
+        fused_qk_rope(xq, xk, cos, sin, rotation="half", inplace=True,
+                      config=rows_launch_config(2, 8, 4, padded=True))
+    assert torch.equal(xq, before)
 
 
 @pytest.mark.parametrize("head_dim,dtype,pairs_ok,half_ok", [

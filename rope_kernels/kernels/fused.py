@@ -22,10 +22,13 @@ launch-config sweep (``data/<device>/fused_configs.csv``, written by
 
 The rotation is one composed function, the kernel's ``PAIR_FN``: ``_rotate_row_pairs``
 turns (x[2j], x[2j+1]) from the chunk's own registers (a reshape and split);
-``_rotate_row_half`` turns (x[j], x[j + D/2]), whose partner may sit in the other chunk,
-so with ``ROTATE_HALF`` each element's partner is loaded by its own address
-(``_half_partner``: the same cache lines, from L1) and cos/sin are gathered per element
-at column (e % D) % (D/2).
+``_rotate_row_half`` turns (x[j], x[j + D/2]). Rotate-half tiles a token differently
+(``_rotate_halves_rows``, ``ROTATE_HALF``): every head's first and second half as
+(heads, D/2) blocks at the same columns (D/2 = 36 -> 32 + 4), so a pair's two elements
+sit in the same thread's registers and its cos/sin are one load per column shared by both
+halves and (from L1) every head; the interleaved views of a complex freqs_cis are read as
+one 64-bit word per column. An earlier layout loaded each element's partner by address
+and cos/sin per element: 74-80% of the same-bytes copy on the H200 (docs/DECISIONS.md).
 
 All loads are issued before any store so they overlap in the memory system (in place, a
 rotate-half partner is read before anything of its row is written).
@@ -65,18 +68,11 @@ def _rotate_row_pairs(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.
 
 
 @triton.jit
-def _half_partner(e, HEAD_DIM: tl.constexpr):
-    """Rotate-half: row element ``e``'s partner, D/2 on within its head (first half)
-    or D/2 back (second half); heads are whole in a row, so it stays in e's head."""
-    return tl.where(e % HEAD_DIM < HEAD_DIM // 2, e + HEAD_DIM // 2, e - HEAD_DIM // 2)
-
-
-@triton.jit
 def _rotate_row_half(x, partner, e, cos, sin, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
                      HEAD_DIM: tl.constexpr):
     """x[j] * cos - x[j + D/2] * sin (first half), x[j] * cos + x[j - D/2] * sin (second
-    half), with cos/sin gathered per element and ``partner`` loaded by ``_half_partner``'s
-    address, in fp32."""
+    half), in fp32: ``x`` is one half's chunk, ``partner`` the other half's at the same
+    columns, ``e`` the chunk's element index within its head (first half: e < D/2)."""
     p = partner.to(tl.float32)
     signed = tl.where(e % HEAD_DIM < HEAD_DIM // 2, -p, p)
     return x.to(tl.float32) * cos + signed * sin
@@ -95,19 +91,14 @@ def _row_offsets(e, stride_h, VEC: tl.constexpr, HEAD_DIM: tl.constexpr,
 @triton.jit
 def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
                  BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, ROTATE_HALF: tl.constexpr):
+                 INTERLEAVED: tl.constexpr):
     """cos and sin (BLOCK_T, WIDTH/2) of the pairs of row elements ``e``: the pair's
     index within its head is (e % HEAD_DIM) / 2, so every head gathers the token's
     same HEAD_DIM/2 values (L1 hits after the first). Fetched per element in the
     layout of ``e`` and split like q, so cos/sin land in the registers of their
     pairs with no layout conversion. INTERLEAVED: cos/sin are the real and imaginary
-    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load.
-    ROTATE_HALF: (BLOCK_T, WIDTH), one per element, at column (e % HEAD_DIM) % (HEAD_DIM/2)."""
-    if ROTATE_HALF:
-        j = (e % HEAD_DIM) % (HEAD_DIM // 2)
-        c = tl.load(cos_tok + j * cos_stride_d, mask=mask, other=0.0)
-        s = tl.load(sin_tok + j * sin_stride_d, mask=mask, other=0.0)
-    elif INTERLEAVED:
+    views of a complex freqs_cis ([c0, s0, c1, s1, ...]): one contiguous load."""
+    if INTERLEAVED:
         cs = tl.load(cos_tok + e % HEAD_DIM, mask=mask, other=0.0)
         c, s = tl.split(tl.reshape(cs, (BLOCK_T, WIDTH // 2, 2)))
     else:
@@ -119,6 +110,89 @@ def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
     return c, s
 
 
+@triton.jit
+def _half_cos_sin(cos_tok, sin_tok, j, ok, cos_stride_d, sin_stride_d, BLOCK_T: tl.constexpr,
+                  HEADS_BLOCK: tl.constexpr, WIDTH: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """cos and sin of columns ``j`` (BLOCK_T, HEADS_BLOCK, WIDTH; the same for every head).
+    INTERLEAVED (a complex freqs_cis's views, [c0, s0, c1, s1, ...]): both in one 64-bit
+    load per column (little-endian: cos in the low word), so cos/sin take the same vector
+    layout as the q/k columns they multiply."""
+    if INTERLEAVED:  # each column's (cos, sin) as one 64-bit word, split by bits
+        cs = tl.load(cos_tok.to(tl.pointer_type(tl.uint64)) + j, mask=ok, other=0)
+        c = (cs & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True)
+        s = (cs >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    else:
+        c = tl.load(cos_tok + j * cos_stride_d, mask=ok, other=0.0)
+        s = tl.load(sin_tok + j * sin_stride_d, mask=ok, other=0.0)
+    return c, s
+
+
+@triton.jit
+def _rotate_halves_rows(q_tok, k_tok, qo_tok, ko_tok, cos_tok, sin_tok, token_ok,
+                        q_stride_h, k_stride_h, qo_stride_h, ko_stride_h,
+                        cos_stride_d, sin_stride_d,
+                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, MAIN: tl.constexpr,
+                        REST: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr,
+                        HEADS_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_FN: tl.constexpr,
+                        INVERSE: tl.constexpr, EVICTION: tl.constexpr, STORE_CACHE: tl.constexpr):
+    """Rotate-half rows: a token's heads as (HEADS_BLOCK, D/2) halves. Column j of the
+    first half and column j of the second half are a pair, so each half is loaded as
+    contiguous vectors at the same columns (MAIN + REST cover D/2, e.g. 36 = 32 + 4) and
+    the rotation needs no partner gather; cos/sin are read once per column and token, by
+    every head from L1. Head offsets are the runtime head strides times ``VEC`` (the vector
+    width both halves share), so both halves get the same register layout."""
+    h = tl.arange(0, HEADS_BLOCK)[None, :, None]
+    ok_h = token_ok & (h < HEADS)
+    q_row = q_tok + h * (q_stride_h * VEC)
+    k_row = k_tok + h * (k_stride_h * VEC)
+    qo_row = qo_tok + h * (qo_stride_h * VEC)
+    ko_row = ko_tok + h * (ko_stride_h * VEC)
+    HALF: tl.constexpr = HEAD_DIM // 2
+
+    j = tl.arange(0, MAIN)[None, None, :]
+    ok = ok_h & (j < HALF)
+    q1 = tl.load(q_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    q2 = tl.load(q_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    k1 = tl.load(k_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    k2 = tl.load(k_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    c, s = _half_cos_sin(cos_tok, sin_tok, j + h * 0, ok, cos_stride_d, sin_stride_d,
+                         BLOCK_T, HEADS_BLOCK, MAIN, INTERLEAVED)
+    if INVERSE:
+        s = -s
+    if REST > 0:
+        j2 = MAIN + tl.arange(0, REST)[None, None, :]
+        ok2 = ok_h & (j2 < HALF)
+        q3 = tl.load(q_row + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
+        q4 = tl.load(q_row + HALF + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
+        k3 = tl.load(k_row + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
+        k4 = tl.load(k_row + HALF + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
+        c2, s2 = _half_cos_sin(cos_tok, sin_tok, j2 + h * 0, ok2, cos_stride_d, sin_stride_d,
+                               BLOCK_T, HEADS_BLOCK, REST, INTERLEAVED)
+        if INVERSE:
+            s2 = -s2
+
+    out_ty = qo_tok.dtype.element_ty
+    tl.store(qo_row + j, PAIR_FN(q1, q2, j, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(qo_row + HALF + j, PAIR_FN(q2, q1, j + HALF, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(ko_row + j, PAIR_FN(k1, k2, j, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(ko_row + HALF + j, PAIR_FN(k2, k1, j + HALF, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    if REST > 0:
+        tl.store(qo_row + j2, PAIR_FN(q3, q4, j2, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
+                 mask=ok2, cache_modifier=STORE_CACHE)
+        tl.store(qo_row + HALF + j2,
+                 PAIR_FN(q4, q3, j2 + HALF, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
+                 mask=ok2, cache_modifier=STORE_CACHE)
+        tl.store(ko_row + j2, PAIR_FN(k3, k4, j2, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
+                 mask=ok2, cache_modifier=STORE_CACHE)
+        tl.store(ko_row + HALF + j2,
+                 PAIR_FN(k4, k3, j2 + HALF, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
+                 mask=ok2, cache_modifier=STORE_CACHE)
+
+
 @triton.jit(do_not_specialize=["n_tokens"])
 def _fused_qk_rope_rows_kernel(
     q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
@@ -127,8 +201,9 @@ def _fused_qk_rope_rows_kernel(
     qo_stride_t, qo_stride_h, ko_stride_t, ko_stride_h,  # in units of VEC elements
     cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d,  # token strides in CS_VEC units
     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block)
-    REST: tl.constexpr,  # power of two covering the rest of the row (0 when none)
+    MAIN: tl.constexpr,  # largest power of two <= HEADS * HEAD_DIM (or >= it: one padded block);
+    # rotate-half: <= HEAD_DIM / 2
+    REST: tl.constexpr,  # power of two covering the rest of the row (half) (0 when none)
     BLOCK_T: tl.constexpr, VEC: tl.constexpr,
     CS_VEC: tl.constexpr,  # widest fp32 vector (<= 4) dividing the cos/sin token stride
     HEADS_ADJACENT: tl.constexpr,  # head stride == HEAD_DIM in q, k and both outputs
@@ -137,7 +212,8 @@ def _fused_qk_rope_rows_kernel(
     INVERSE: tl.constexpr = False,  # rotate by -angle (the backward pass)
     EVICTION: tl.constexpr = "",  # q/k loads' eviction_policy ("": none)
     STORE_CACHE: tl.constexpr = "",  # q/k stores' cache_modifier ("": none)
-    ROTATE_HALF: tl.constexpr = False,  # rotate-half partners and per-element cos/sin loaded
+    ROTATE_HALF: tl.constexpr = False,  # rows as (heads, D/2) halves (``_rotate_halves_rows``)
+    HEADS_BLOCK: tl.constexpr = 1,  # rotate-half: heads padded to a power of two
 ):
     """A program rotates BLOCK_T whole tokens: each token's q row and k row (every head).
     ``PAIR_FN`` is what a chunk's pairs become before the store: the rotation
@@ -146,73 +222,65 @@ def _fused_qk_rope_rows_kernel(
     and programs, no arithmetic)."""
     ROW: tl.constexpr = HEADS * HEAD_DIM
     tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = (tokens < n_tokens)[:, None]
-    t2 = tokens[:, None]
-    q_tok = q_ptr + t2 * (q_stride_t * VEC)
-    k_tok = k_ptr + t2 * (k_stride_t * VEC)
-    qo_tok = q_out_ptr + t2 * (qo_stride_t * VEC)
-    ko_tok = k_out_ptr + t2 * (ko_stride_t * VEC)
-    cos_tok = cos_ptr + t2 * (cos_stride_t * CS_VEC)
-    sin_tok = sin_ptr + t2 * (sin_stride_t * CS_VEC)
+    if ROTATE_HALF:  # (BLOCK_T, HEADS_BLOCK, columns) blocks
+        t3 = tokens[:, None, None]
+        _rotate_halves_rows(q_ptr + t3 * (q_stride_t * VEC), k_ptr + t3 * (k_stride_t * VEC),
+                            q_out_ptr + t3 * (qo_stride_t * VEC), k_out_ptr + t3 * (ko_stride_t * VEC),
+                            cos_ptr + t3 * (cos_stride_t * CS_VEC), sin_ptr + t3 * (sin_stride_t * CS_VEC),
+                            t3 < n_tokens, q_stride_h, k_stride_h, qo_stride_h, ko_stride_h,
+                            cos_stride_d, sin_stride_d, HEADS, HEAD_DIM, MAIN, REST, BLOCK_T, VEC,
+                            HEADS_BLOCK, INTERLEAVED, PAIR_FN, INVERSE, EVICTION, STORE_CACHE)
+    else:  # pairs: whole-token rows in two chunks
+        token_ok = (tokens < n_tokens)[:, None]
+        t2 = tokens[:, None]
+        q_tok = q_ptr + t2 * (q_stride_t * VEC)
+        k_tok = k_ptr + t2 * (k_stride_t * VEC)
+        qo_tok = q_out_ptr + t2 * (qo_stride_t * VEC)
+        ko_tok = k_out_ptr + t2 * (ko_stride_t * VEC)
+        cos_tok = cos_ptr + t2 * (cos_stride_t * CS_VEC)
+        sin_tok = sin_ptr + t2 * (sin_stride_t * CS_VEC)
 
-    # first chunk: row elements [0, MAIN); past the row only when it is one padded block
-    e = tl.arange(0, MAIN)[None, :]
-    if MAIN > ROW:
-        mask = token_ok & (e < ROW)
-    else:
-        mask = token_ok
-    q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                mask=mask, other=0.0, eviction_policy=EVICTION)
-    k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                mask=mask, other=0.0, eviction_policy=EVICTION)
-    cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                            BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
-    if ROTATE_HALF:  # each element's rotate-half partner, by its own address
-        ep = _half_partner(e, HEAD_DIM)
-        qp = tl.load(q_tok + _row_offsets(ep, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask, other=0.0, eviction_policy=EVICTION)
-        kp = tl.load(k_tok + _row_offsets(ep, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask, other=0.0, eviction_policy=EVICTION)
-    else:  # pairs: partners are in the chunk's own registers
-        qp = q
-        kp = k
-    if INVERSE:
-        sin = -sin
-    if REST > 0:
-        e2 = MAIN + tl.arange(0, REST)[None, :]
-        mask2 = token_ok & (e2 < ROW)
-        q2 = tl.load(q_tok + _row_offsets(e2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask2, other=0.0, eviction_policy=EVICTION)
-        k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     mask=mask2, other=0.0, eviction_policy=EVICTION)
-        cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
-                                  BLOCK_T, REST, HEAD_DIM, INTERLEAVED, ROTATE_HALF)
-        if ROTATE_HALF:
-            ep2 = _half_partner(e2, HEAD_DIM)
-            qp2 = tl.load(q_tok + _row_offsets(ep2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                          mask=mask2, other=0.0, eviction_policy=EVICTION)
-            kp2 = tl.load(k_tok + _row_offsets(ep2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                          mask=mask2, other=0.0, eviction_policy=EVICTION)
+        # first chunk: row elements [0, MAIN); past the row only when it is one padded block
+        e = tl.arange(0, MAIN)[None, :]
+        if MAIN > ROW:
+            mask = token_ok & (e < ROW)
         else:
-            qp2 = q2
-            kp2 = k2
+            mask = token_ok
+        q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                    mask=mask, other=0.0, eviction_policy=EVICTION)
+        k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                    mask=mask, other=0.0, eviction_policy=EVICTION)
+        cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
+                                BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
         if INVERSE:
-            sin2 = -sin2
+            sin = -sin
+        if REST > 0:
+            e2 = MAIN + tl.arange(0, REST)[None, :]
+            mask2 = token_ok & (e2 < ROW)
+            q2 = tl.load(q_tok + _row_offsets(e2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                         mask=mask2, other=0.0, eviction_policy=EVICTION)
+            k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                         mask=mask2, other=0.0, eviction_policy=EVICTION)
+            cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
+                                      BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
+            if INVERSE:
+                sin2 = -sin2
 
-    out_ty = q_out_ptr.dtype.element_ty
-    tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             PAIR_FN(q, qp, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
-             cache_modifier=STORE_CACHE)
-    tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-             PAIR_FN(k, kp, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
-             cache_modifier=STORE_CACHE)
-    if REST > 0:
-        tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(q2, qp2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
+        out_ty = q_out_ptr.dtype.element_ty
+        # pairs: a pair's partner is in the chunk's own registers (``partner`` = the chunk)
+        tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                 PAIR_FN(q, q, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
                  cache_modifier=STORE_CACHE)
-        tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(k2, kp2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
+        tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                 PAIR_FN(k, k, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
                  cache_modifier=STORE_CACHE)
+        if REST > 0:
+            tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     PAIR_FN(q2, q2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
+                     cache_modifier=STORE_CACHE)
+            tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                     PAIR_FN(k2, k2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
+                     cache_modifier=STORE_CACHE)
 
 
 def head_dim_chunks(head_dim: int) -> tuple[int, int]:
@@ -249,6 +317,15 @@ def vector_width(tensors, element_size: int) -> int:
             return vec
         vec //= 2
     return 1
+
+
+def half_vector_width(tensors, element_size: int, head_dim: int) -> int:
+    """Rotate-half: ``vector_width`` that also divides D/2, so a head's first and second
+    half start on the same vector boundary (72 -> 36: 4 bf16 elements, 8 bytes)."""
+    vec = vector_width(tensors, element_size)
+    while vec > 1 and (head_dim // 2) % vec:
+        vec //= 2
+    return vec
 
 
 def qk_strides(xq, xk, q_out, k_out, vec):
@@ -316,31 +393,42 @@ def row_chunks(heads: int, head_dim: int, padded: bool = False) -> tuple[int, in
 
 def rows_launch_config(heads: int, head_dim: int, element_size: int,
                        tile_bytes: int = ROWS_TILE_BYTES, *, eviction_policy: str = "",
-                       store_cache_modifier: str = "", padded: bool = False) -> RowsConfig:
+                       store_cache_modifier: str = "", padded: bool = False,
+                       rotation: str = "pairs") -> RowsConfig:
     """Tokens per program: the largest power of two whose q rows fit ``tile_bytes``
     (at least one token). Warps: about one 16-byte vector of the row's first
-    power-of-two chunk per thread (no thread holds a copy of another's data), 1-8."""
+    power-of-two chunk per thread (no thread holds a copy of another's data), 1-8;
+    rotate-half: one vector of the first half's first chunk per head (its vector: the
+    widest, up to 16 bytes, that divides D/2)."""
     for name, v in (("heads", heads), ("head_dim", head_dim), ("element_size", element_size),
                     ("tile_bytes", tile_bytes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     row_bytes = heads * head_dim * element_size
     block_t = 1 << max(0, (tile_bytes // row_bytes).bit_length() - 1)
-    main, _ = row_chunks(heads, head_dim, padded)
-    if padded:  # the vectors that hold data
-        main = heads * head_dim
-    vectors = block_t * main * element_size // 16
+    if rotation == "half":
+        vec = 16 // element_size if element_size <= 16 else 1
+        while vec > 1 and (head_dim // 2) % vec:
+            vec //= 2
+        main, _ = head_dim_chunks(max(head_dim // 2, 1))
+        vectors = block_t * (1 << (heads - 1).bit_length()) * max(main // vec, 1)
+    else:
+        main, _ = row_chunks(heads, head_dim, padded)
+        if padded:  # the vectors that hold data
+            main = heads * head_dim
+        vectors = block_t * main * element_size // 16
     warps = 1 << max(0, (vectors // 32).bit_length() - 1)
     return RowsConfig(block_t, min(max(warps, 1), ROWS_MAX_WARPS), eviction_policy,
                       store_cache_modifier, padded)
 
 
-def fused_launch_config(heads: int, head_dim: int, element_size: int) -> RowsConfig:
+def fused_launch_config(heads: int, head_dim: int, element_size: int,
+                        rotation: str = "pairs") -> RowsConfig:
     """The launch settings ``fused_qk_rope`` uses when given none: a documented
     heuristic instead of autotuning (no per-shape benchmarking at first call, and the
     same config for every token count, so one compile): ``rows_launch_config`` at
-    ``ROWS_TILE_BYTES``, two chunks per row, no cache hints."""
-    return rows_launch_config(heads, head_dim, element_size)
+    ``ROWS_TILE_BYTES``, two chunks per row (per half, rotate-half), no cache hints."""
+    return rows_launch_config(heads, head_dim, element_size, rotation=rotation)
 
 
 # Elements one Triton block may hold (tl.arange / a tensor's numel): 2^20 in Triton 2-3.
@@ -506,24 +594,35 @@ def rows_launch(xq, xk, q_out, k_out, cos, sin, config: RowsConfig | None, *,
     tokens, heads, head_dim = xq.shape
     if tokens == 0 or heads == 0:
         return None
-    if config is None:
-        config = fused_launch_config(heads, head_dim, xq.element_size())
-    main, rest = row_chunks(heads, head_dim, config.padded)
-    check_block_fits(config, heads, head_dim, main)
-    check_triton_device(xq, "fused_qk_rope")
-    vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
-    cs_vec = cos_sin_vector(cos, sin)
     half = rotation == "half"
+    if config is None:
+        config = fused_launch_config(heads, head_dim, xq.element_size(), rotation=rotation)
+    elif half and config.padded:
+        raise ValueError("RowsConfig(padded=True) is a pairs layout (one padded row block); "
+                         "rotation='half' tiles each head's halves")
+    if half:  # each head's halves: (heads padded, columns of D/2 in two chunks)
+        main, rest = head_dim_chunks(head_dim // 2)
+        heads_block = 1 << (heads - 1).bit_length()
+        check_block_fits(config, heads, head_dim, heads_block * main)
+        vec = half_vector_width((xq, xk, q_out, k_out), xq.element_size(), head_dim)
+    else:
+        main, rest = row_chunks(heads, head_dim, config.padded)
+        heads_block = 1
+        check_block_fits(config, heads, head_dim, main)
+        vec = vector_width((xq, xk, q_out, k_out), xq.element_size())
+    check_triton_device(xq, "fused_qk_rope")
+    cs_vec = cos_sin_vector(cos, sin)
     scalars = (tokens if n_tokens is None else n_tokens, *qk_strides(xq, xk, q_out, k_out, vec),
                cos.stride(0) // cs_vec, cos.stride(1), sin.stride(0) // cs_vec, sin.stride(1))
     constexprs = dict(  # by name (KernelLaunch orders them as the kernel's parameters)
         HEADS=heads, HEAD_DIM=head_dim, MAIN=main, REST=rest, BLOCK_T=config.block_t, VEC=vec,
         CS_VEC=cs_vec,
-        HEADS_ADJACENT=heads == 1 or all(t.stride(1) == head_dim for t in (xq, xk, q_out, k_out)),
-        INTERLEAVED=interleaved_cos_sin(cos, sin) and not half,  # the pairs-only vector load
+        HEADS_ADJACENT=not half and (heads == 1 or all(t.stride(1) == head_dim
+                                                       for t in (xq, xk, q_out, k_out))),
+        INTERLEAVED=interleaved_cos_sin(cos, sin),  # cos and sin in one vector load
         PAIR_FN=(_rotate_row_half if half else _rotate_row_pairs) if pair_fn is None else pair_fn,
         INVERSE=inverse, EVICTION=config.eviction_policy, STORE_CACHE=config.store_cache_modifier,
-        ROTATE_HALF=half)
+        ROTATE_HALF=half, HEADS_BLOCK=heads_block)
     return KernelLaunch(_fused_qk_rope_rows_kernel, fused_grid(tokens, config), scalars,
                         constexprs, config.num_warps)
 
