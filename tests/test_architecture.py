@@ -414,9 +414,7 @@ def test_checks_validate_and_switches_switch():
 
 
 # Files allowed a measured figure in their comments for now, each with who removes it.
-MEASURED_IN_COMMENTS_PENDING = {
-    "rope_kernels/bench/same_bytes_copy.py": "the copy reference's rework (issue 44, item 3)",
-}
+MEASURED_IN_COMMENTS_PENDING: dict[str, str] = {}
 _MEASURED = r"\b\d+\.\d+ ?(us|ms)\b|\d+\.\d+ / \d+\.\d+|\d+(\.\d+)?% (over|slower|faster)\b(?! than with)"
 
 
