@@ -13,6 +13,14 @@ from rope_kernels.study.runner import resolve_parameters
 from rope_kernels.study.specs import NOTEBOOKS, SPECS
 
 
+def test_several_bad_parameters_are_counted_one_a_line():
+    """Every bad value is named, not only the first (parameters._raise_all)."""
+    with pytest.raises(ParameterError, match=r"^2 invalid parameters:\n  -p 01_kernels\.seed=-1: "
+                                             r".*\n  -p 04_ttft\.seed=-1: "):
+        resolve_parameters(["01_kernels", "04_ttft"], SPECS, [],
+                           ["01_kernels.seed=-1", "04_ttft.seed=-1"], "cpu")
+
+
 def _one_line_error(capsys, argv) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err

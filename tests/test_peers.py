@@ -411,6 +411,18 @@ def test_tree_refuses_a_missing_file_and_a_wheel_without_a_member(tmp_path):
         cache.fetch_tree(tree2, root=tmp_path / "second" / "cache", wheels=wheels2)
 
 
+def test_tree_fetch_rejects_a_wheel_that_is_not_the_pinned_one(tmp_path):
+    """The tree's wheel is checked like a pin's (one helper since issue 44): refused before
+    anything is written, an earlier cache left as it was."""
+    tree, wheels = _fake_tree(tmp_path, TREE_FILES)
+    root = tmp_path / "cache"
+    cache.fetch_tree(tree, root=root, wheels=wheels)
+    wrong = cache.PinnedTree(**{**tree.__dict__, "wheel_sha256": "0" * 64})
+    with pytest.raises(cache.PeerCacheError, match="has sha256 .*, pinned 0000"):
+        cache.fetch_tree(wrong, root=root, wheels=wheels, force=True)
+    assert cache.load_tree(tree, root).files == 3
+
+
 def test_tree_refetch_drops_files_the_new_pin_no_longer_selects(tmp_path):
     """A header left behind on disk would still be found by a compiler's include path."""
     tree, wheels = _fake_tree(tmp_path, TREE_FILES)

@@ -15,8 +15,8 @@ from rope_kernels import native_rope, rope_reference, vision_freqs_cis
 from rope_kernels.kernels.freqs import vision_patch_coords, vision_rope_frequencies
 from rope_kernels.kernels.qkv_gemm import (NVIDIA_ANGLES_CONFIG, NVIDIA_TABLE_CONFIG,
                                            QKVGemmConfig, qkv_gemm_config, qkv_linear_unrotated,
-                                           qkv_rope_linear, qkv_rope_linear_angles,
-                                           rotating_qkv_projection)
+                                           qkv_rope_linear, qkv_rope_linear_angles)
+from rope_kernels.qkv import qkv_rope
 from rope_kernels.correctness import draw_qkv_problem, new_seed
 from rope_kernels.kernels.reference import cos_sin_views
 
@@ -258,46 +258,59 @@ LINEAR_UPDATES = {
 }
 
 
+def _encoder_call(linear, x, heads=HEADS):
+    """What the encoder's gemm_epilogue mode calls (model/vit.py): ``qkv_rope`` on the
+    layer's ``weight`` / ``bias`` with the tokens' patch coordinates, CPU: Triton backend."""
+    return qkv_rope(x, linear.weight, linear.bias, vision_patch_coords(GRIDS, device=x.device),
+                    heads=heads, head_dim=HEAD_DIM, backend="triton")
+
+
 @pytest.mark.parametrize("update", list(LINEAR_UPDATES))
-def test_rotating_projection_follows_the_module(update, device):
-    """rotating_qkv_projection reads the module's parameters as they are at each call."""
+def test_encoder_call_follows_the_module(update, device):
+    """``qkv_rope`` on a Linear's parameters (the encoder's call) reads them as they are at
+    each call, and is ``qkv_rope_linear_angles`` on them bit for bit."""
     x, w, b, freqs_cis = make_problem(device)
-    cos, sin = cos_sin_views(freqs_cis)
     linear = _linear_of(w, b, device)
-    err, tol = judge(rotating_qkv_projection(linear, x, cos, sin, HEADS), x, w, b, freqs_cis)
+    err, tol = judge(_encoder_call(linear, x), x, w, b, freqs_cis)
     assert err <= tol, (err, tol)
     LINEAR_UPDATES[update](linear)
     w2, b2 = linear.weight.detach().clone(), linear.bias.detach().clone()
     with torch.no_grad():  # a new Parameter requires grad
-        out = rotating_qkv_projection(linear, x, cos, sin, HEADS)
+        out = _encoder_call(linear, x)
     err, tol = judge(out, x, w2, b2, freqs_cis)
     assert err <= tol, (update, err, tol)
+    direct = qkv_rope_linear_angles(x, w2, b2, vision_patch_coords(GRIDS, device=device),
+                                    vision_rope_frequencies(HEAD_DIM, device=device),
+                                    config=qkv_gemm_config(HEADS, HEAD_DIM, x.device, angles=True))
+    assert torch.equal(out, direct)
 
 
-def test_rotating_projection_refuses_heads_the_weight_does_not_have(device):
+def test_heads_the_weight_does_not_have_are_refused(device):
     """heads=7 on a 2-head weight was computed as 2 heads and returned (issue 36): refused,
-    naming heads; a non-int heads is a TypeError."""
+    naming heads, by both launchers and by the encoder's call; a non-int heads is a
+    TypeError."""
     x, w, b, freqs_cis = make_problem(device, seed=0)
     cos, sin = cos_sin_views(freqs_cis)
     linear = _linear_of(w, b, device)
     with pytest.raises(ValueError, match="heads=7 does not match the weight"):
-        rotating_qkv_projection(linear, x, cos, sin, 7)
+        qkv_rope_linear(x, w, b, cos, sin, heads=7)
     with pytest.raises(ValueError, match="heads=7 does not match the weight"):
-        rotating_qkv_projection(linear, x, cos, sin, 7,
-                                angles=(vision_patch_coords(GRIDS, device=device),
-                                        vision_rope_frequencies(HEAD_DIM, device=device)))
+        qkv_rope_linear_angles(x, w, b, vision_patch_coords(GRIDS, device=device),
+                               vision_rope_frequencies(HEAD_DIM, device=device), heads=7)
+    with pytest.raises(ValueError, match="heads=7 does not match the weight"):
+        _encoder_call(linear, x, heads=7)
     with pytest.raises(ValueError, match="heads=1 does not match"):
         qkv_rope_linear(x, w, b, cos, sin, heads=1)
     for bad in (2.0, "2", True):
         with pytest.raises(TypeError, match="heads must be an int"):
-            rotating_qkv_projection(linear, x, cos, sin, bad)
+            _encoder_call(linear, x, heads=bad)
 
 
 AUTOGRAD_CALLS = {
     "qkv_rope_linear": lambda x, w, b, c, s, co, f: qkv_rope_linear(x, w, b, c, s),
     "qkv_rope_linear_angles": lambda x, w, b, c, s, co, f: qkv_rope_linear_angles(x, w, b, co, f),
-    "rotating_qkv_projection": lambda x, w, b, c, s, co, f: rotating_qkv_projection(
-        _linear_of(w, b, x.device), x, c, s, HEADS),
+    "qkv_rope on a Linear": lambda x, w, b, c, s, co, f: _encoder_call(
+        _linear_of(w, b, x.device), x),
 }
 
 
@@ -312,7 +325,7 @@ def test_inputs_that_require_grad_are_refused(call, needs_grad):
         x = x.clone().requires_grad_()
     cos, sin = cos_sin_views(freqs_cis)
     coords, freqs = vision_patch_coords(GRIDS), vision_rope_frequencies(HEAD_DIM)
-    if needs_grad == "w":  # rotating_qkv_projection: a Linear whose parameters require grad
+    if needs_grad == "w":  # qkv_rope on a Linear: parameters that require grad
         w = w.clone().requires_grad_()
     with pytest.raises(ValueError, match="does not support autograd.*require"):
         AUTOGRAD_CALLS[call](x, w, b, cos, sin, coords, freqs)
@@ -379,26 +392,6 @@ def test_encoder_gemm_epilogue_matches_fused(device):
     diff = (gemm - fused).norm() / fused.norm()
     assert diff < 2e-2, diff
     assert (none - fused).norm() / fused.norm() > 5 * diff, "RoPE must matter in this check"
-
-
-def test_rotating_projection_angles_is_the_angles_kernel_and_refuses_a_bad_tuple(device):
-    """``rotating_qkv_projection(angles=(coords, freqs))`` (what the encoder's
-    gemm_epilogue mode calls) is ``qkv_rope_linear_angles`` on the module's weights,
-    bit for bit, and within tolerance of float64; anything but a pair is refused."""
-    x, w, b, freqs_cis = make_problem(device)
-    linear = _linear_of(w, b, device)
-    coords = vision_patch_coords(GRIDS, device=device)
-    freqs = vision_rope_frequencies(HEAD_DIM, device=device)
-    cos, sin = cos_sin_views(freqs_cis)
-    out = rotating_qkv_projection(linear, x, cos, sin, HEADS, angles=(coords, freqs))
-    direct = qkv_rope_linear_angles(x, w, b, coords, freqs,
-                                    config=qkv_gemm_config(HEADS, HEAD_DIM, x.device, angles=True))
-    assert torch.equal(out, direct)
-    err, tol = judge(out, x, w, b, freqs_cis)
-    assert err <= tol, (err, tol)
-    for bad in ([coords, freqs], (coords,), coords):
-        with pytest.raises(TypeError, match="angles must be a"):
-            rotating_qkv_projection(linear, x, cos, sin, HEADS, angles=bad)
 
 
 BAD_INPUTS = {

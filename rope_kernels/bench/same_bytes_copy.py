@@ -12,11 +12,11 @@ rounds), the fastest of them is the limit at that size.
 Why several tilings. How fast a copy runs depends on how its programs cut the
 bytes, and the variants cut them differently: the fused kernel moves whole tokens
 (every head of a few tokens), SGLang's Triton kernel flat blocks of 128 pairs,
-vLLM's kernel a token per program. One tiling is not a limit for all of them: the
-committed H200 run of 66a5895 had one (``row`` below) and at 2 and 4 heads x 72 it
-was up to 1.8x slower than the in-place fused kernel (its 32-byte column blocks
-scatter each token's row over many programs, and in place it wrote them back the
-same way). So ``same_bytes_copy_tilings`` gives a small family that covers the
+vLLM's kernel a token per program. One tiling is not a limit for all of them: a
+lone ``row`` (below) was slower than the in-place fused kernel at 2 and 4 heads x 72
+(its 32-byte column blocks scatter each token's row over many programs, and in place
+it wrote them back the same way; the figures: docs/DECISIONS.md, "The same-bytes copy:
+a family of tilings, not clone()"). So ``same_bytes_copy_tilings`` gives a small family that covers the
 variants' access patterns, the benchmark times every member in the same rounds,
 and the reference is the fastest member's median (``bench.microbench``:
 ``same_bytes_copy_us`` and ``same_bytes_copy_tiling``):
@@ -35,9 +35,8 @@ and the reference is the fastest member's median (``bench.microbench``:
 - ``pairs``: SGLang's vision cut, ``block`` consecutive pairs of the flattened
   (T, H, D/2) pairs a program, q's and k's, each pair reading its own cos and sin;
 - ``pair_scalars``: the same cut with SGLang's own loads and index math: a pair's
-  two elements loaded and stored apart (scalars), the mask on the pair index (an
-  H200 exploration, 2026-12-03: SGLang's kernel at 1024 x 2 x 72 ran 2.20 us, the
-  fastest member then 2.26, ``pairs`` at eight other blocks and warps 2.26-2.9);
+  two elements loaded and stored apart (scalars), the mask on the pair index (why:
+  docs/DECISIONS.md, "The `pair_scalars` member: SGLang's own loads");
 - ``fused``: the fused rows kernel itself (``kernels/fused.py``) at its default
   launch, compiled with ``_gate_row_pairs`` as its ``PAIR_FN`` (``launch_fused_rows_copy``):
   its rotation replaced by a gate on cos/sin, every load, store, mask and program the same. The fused kernel cannot beat this member
@@ -45,8 +44,9 @@ and the reference is the fastest member's median (``bench.microbench``:
 
 Why not ``clone()``. A clone of a contiguous buffer is one ``cudaMemcpyAsync``,
 whose speed on an H200 depends on the byte count's alignment: at Kimi's token
-counts (multiples of 5476) it ran at 40-65% of the large-copy ceiling, so the
-fused kernel read "108-140% of a copy". An SM copy has no such cliff.
+counts (multiples of 5476) it ran well below the large-copy ceiling, so the fused
+kernel read above 100% of a copy (the figures: docs/DECISIONS.md, "The same-bytes
+copy: a family of tilings, not clone()"). An SM copy has no such cliff.
 
 The cos/sin reads. A copy would not need them, so the kernels compare them with
 ``never`` (a NaN passed at run time, equal to nothing) and would zero what

@@ -40,25 +40,17 @@ import torch
 
 from rope_kernels.kernels.checks import (check_no_autograd, check_positive_int,
                                          check_qkv_operands, check_qkv_out)
+from rope_kernels.kernels.packages import imports, installed_version
 from rope_kernels.kernels.qkv_cute_config import CuteQKVConfig  # noqa: F401  (the launcher's settings)
 
 def available() -> bool:
     """Whether CuTe DSL imports here (the kernel itself also needs an sm_90 GPU)."""
-    try:
-        import cutlass  # noqa: F401
-        import cutlass.cute  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return False
-    return True
+    return imports("cutlass", "cutlass.cute")
 
 
 def cutlass_dsl_version() -> str:
     """The installed nvidia-cutlass-dsl's version ("" where it is not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("nvidia-cutlass-dsl")
-    except PackageNotFoundError:
-        return ""
+    return installed_version("nvidia-cutlass-dsl")
 
 
 def availability(device=None) -> tuple[bool, str]:

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rope_kernels.kernels.packages import imports, installed_version
+
 ARCH = "gfx942"
 FLYDSL_VERSION = "0.4.2"  # pyproject's rocm-compile extra
 TILE_N, TILE_T, TILE_K = 64, 64, 16  # out^T tile (columns x tokens), MFMA 16x16x16 bf16
@@ -42,19 +44,12 @@ LLD_CANDIDATES = ("/opt/rocm/llvm/bin/ld.lld", "/usr/lib/llvm-19/bin/ld.lld",
 
 def available() -> bool:
     """Whether FlyDSL imports here."""
-    try:
-        import flydsl  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return False
-    return True
+    return imports("flydsl")
 
 
 def flydsl_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("flydsl")
-    except PackageNotFoundError:
-        return ""
+    """The installed FlyDSL's version ("" where it is not installed)."""
+    return installed_version("flydsl")
 
 
 def find_lld() -> str | None:

@@ -30,8 +30,8 @@ The file in named pieces, like Triton's persistent-matmul tutorial:
 6. **Launch settings** (``QKVGemmConfig``, ``qkv_gemm_config``: one default per path,
    chosen from the committed sweep) and **launchers** (``qkv_rope_linear``: table;
    ``qkv_rope_linear_angles``: angles in-kernel; ``qkv_linear_unrotated``: the same
-   kernel with ``_no_rotation``, benchmarks only; ``rotating_qkv_projection``: for an
-   ``nn.Linear``). How the layout, configs and dead ends were decided is in
+   kernel with ``_no_rotation``, benchmarks only); models call them through
+   ``qkv.qkv_rope``, the one entry point. How the layout, configs and dead ends were decided is in
    ``docs/DECISIONS.md``.
 """
 
@@ -668,22 +668,3 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, co
         _qkv_rope_kernel[(num_tiles,)](*args, *strides, **meta)
     return out
 
-
-def rotating_qkv_projection(linear: torch.nn.Linear, x: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor, heads: int, *,
-                            angles: tuple[torch.Tensor, torch.Tensor] | None = None
-                            ) -> torch.Tensor:
-    """``qkv_rope_linear`` for a model's QKV ``nn.Linear``: packed (T, 3, H, D), q/k rotated.
-
-    Reads ``linear.weight`` and ``linear.bias`` as they are at each call (nothing is
-    kept), so replacing or updating the parameters in any way is always seen. ``heads``
-    must match the weight. ``angles`` = (coords, freqs): the angles computed in-kernel
-    (``qkv_rope_linear_angles``) instead of read from cos/sin (which give head_dim)."""
-    if not isinstance(linear, torch.nn.Linear):
-        raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
-    check_positive_int("heads", heads)
-    if angles is not None:  # (coords, freqs): qkv_rope_linear_angles, cos/sin unread
-        if not isinstance(angles, tuple) or len(angles) != 2:
-            raise TypeError("angles must be a (coords, freqs) tuple")
-        return qkv_rope_linear_angles(x, linear.weight, linear.bias, *angles, heads=heads)
-    return qkv_rope_linear(x, linear.weight, linear.bias, cos, sin, heads=heads)

@@ -354,6 +354,21 @@ def _obtain_wheel(pin: PinnedWheel, wheels: Path | None, tmp: Path) -> Path:
     return wheel
 
 
+def _verified_wheel_and_emptied(pin: PinnedWheel, wheels: Path | None, tmp: Path,
+                                folder: Path) -> Path:
+    """``pin``'s wheel (``_obtain_wheel``), its sha256 checked against the pin; then
+    ``folder`` emptied, manifest first (no manifest while files change), so that files an
+    earlier pin cached but this one does not select go too: a header left on the include
+    path would still be found by a compiler, manifest or not."""
+    wheel = _obtain_wheel(pin, wheels, tmp)
+    digest = sha256_file(wheel)
+    if digest != pin.wheel_sha256:
+        raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {pin.wheel_sha256}")
+    (folder / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return wheel
+
+
 def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None = None,
               force: bool = False) -> str:
     """Cache ``pin``'s files; returns what was done. Idempotent: a valid cache is kept."""
@@ -362,14 +377,7 @@ def fetch_pin(pin: PinnedWheel, *, root: Path | None = None, wheels: Path | None
         return f"{pin.key}: cache valid"
     folder = root / pin.key
     with tempfile.TemporaryDirectory(prefix="rope-peer-wheel-") as tmp:
-        wheel = _obtain_wheel(pin, wheels, Path(tmp))
-        digest = sha256_file(wheel)
-        if digest != pin.wheel_sha256:
-            raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {pin.wheel_sha256}")
-        (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
-        # files an earlier pin cached but this one does not select go too: a header left
-        # on the include path would still be found by a compiler, manifest or not
-        shutil.rmtree(folder, ignore_errors=True)
+        wheel = _verified_wheel_and_emptied(pin, wheels, Path(tmp), folder)
         entries = []
         with zipfile.ZipFile(wheel) as zf:
             for path, pinned in pin.files.items():
@@ -693,14 +701,7 @@ def fetch_tree(tree: PinnedTree, *, root: Path | None = None, wheels: Path | Non
     pin = PinnedWheel(tree.package, tree.version, tree.wheel, tree.wheel_sha256, tree.python,
                       tree.platform, {})
     with tempfile.TemporaryDirectory(prefix="rope-peer-wheel-") as tmp:
-        wheel = _obtain_wheel(pin, wheels, Path(tmp))
-        digest = sha256_file(wheel)
-        if digest != tree.wheel_sha256:
-            raise PeerCacheError(f"{wheel} has sha256 {digest}, pinned {tree.wheel_sha256}")
-        (folder / MANIFEST).unlink(missing_ok=True)  # no manifest while files change
-        # files an earlier pin cached but this one does not select go too: a header left
-        # on the include path would still be found by a compiler, manifest or not
-        shutil.rmtree(folder, ignore_errors=True)
+        wheel = _verified_wheel_and_emptied(pin, wheels, Path(tmp), folder)
         entries: dict[str, str] = {}
         with zipfile.ZipFile(wheel) as zf:
             for info in zf.infolist():

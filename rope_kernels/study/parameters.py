@@ -38,6 +38,15 @@ class ParameterError(ValueError):
     """A parameter the notebooks do not declare, or a value they cannot take."""
 
 
+def _raise_all(errors: Sequence[str], what: str) -> None:
+    """Nothing where ``errors`` is empty; else one ParameterError: a lone error as it is,
+    several counted under ``what`` ("3 invalid parameters:"), one a line."""
+    if len(errors) == 1:
+        raise ParameterError(errors[0])
+    if errors:
+        raise ParameterError(f"{len(errors)} {what}:\n  " + "\n  ".join(errors))
+
+
 def notebook_parameters(path: Path) -> dict[str, object]:
     """Name -> default of the cell tagged ``parameters`` (literal assignments only).
     Reads the notebook's JSON directly (nbformat's import alone takes about a second)."""
@@ -233,10 +242,7 @@ def resolve_parameters(notebooks: Sequence[str], specs: Mapping[str, NotebookSpe
             problem = check(merged, kind)
             if problem:
                 errors.append(f"{nb}: {problem}")
-    if errors:
-        if len(errors) == 1:
-            raise ParameterError(errors[0])
-        raise ParameterError(f"{len(errors)} invalid parameters:\n  " + "\n  ".join(errors))
+    _raise_all(errors, "invalid parameters")
     return resolved
 
 
@@ -271,10 +277,7 @@ def check_variants_run_here(params: Mapping[str, dict],
             skipped.setdefault(nb, {})[variant] = reason
         elif reason:
             errors.append(f"{nb}.{name}: {variant} does not run here: {reason}")
-    if errors:
-        if len(errors) == 1:
-            raise ParameterError(errors[0])
-        raise ParameterError(f"{len(errors)} variants do not run here:\n  " + "\n  ".join(errors))
+    _raise_all(errors, "variants do not run here")
     return skipped
 
 
