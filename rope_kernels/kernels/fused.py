@@ -28,7 +28,7 @@ turns (x[2j], x[2j+1]) from the chunk's own registers (a reshape and split);
 sit in the same thread's registers and its cos/sin are one load per column shared by both
 halves and (from L1) every head; the interleaved views of a complex freqs_cis are read as
 one 64-bit word per column. An earlier layout loaded each element's partner by address
-and cos/sin per element: 74-80% of the same-bytes copy on the H200 (docs/DECISIONS.md).
+and cos/sin per element (how it fared: docs/DECISIONS.md, "Rotate-half layout").
 
 All loads are issued before any store so they overlap in the memory system (in place, a
 rotate-half partner is read before anything of its row is written).
