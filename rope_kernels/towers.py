@@ -187,7 +187,7 @@ register(Tower(
     "qwen25_vl", "Qwen2.5-VL", layers=32, hidden=1280, heads=16, mlp=3420, patch_size=14,
     merge_size=2, image_rule="qwen_smart_resize", rotation="half",
     min_pixels=3136, max_pixels=12845056, full_attention_layers=(7, 15, 23, 31), window_px=112,
-    llm_note="no time to first token: aiconfigurator-core 0.12 has no Qwen2.5-VL model",
+    llm_note="aiconfigurator-core 0.12 has no Qwen2.5-VL model (its model_configs)",
     source="Qwen/Qwen2.5-VL-7B-Instruct config.json vision_config and preprocessor_config.json; "
            "vLLM model_executor/models/qwen2_5_vl.py (Qwen2_5_VisionTransformer.get_window_index: "
            "windows of window_size // spatial_merge_size // patch_size = 4 merged tokens a side, "
