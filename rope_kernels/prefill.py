@@ -540,7 +540,7 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
             ttft = encoder_ms + comm + prefill["prefill_ms"]
             rows.append({"variant": r.variant, "resolution": r.resolution, "images": int(r.images),
                          "encoder_policy": policy, "encoder_mode": mode,
-                         "prefill_llm": aic.model if aic is not None else llm,
+                         "prefill_llm": getattr(aic, "model", AIC_MODEL) if aic is not None else llm,
                          "encoder_parallel": r.encoder_parallel, "text_tokens": text,
                          "llm_prefill_tokens": n, "encoder_ms": encoder_ms, "comm_ms": comm,
                          "comm_model": "none (one GPU)" if r.encoder_parallel == "1gpu"
