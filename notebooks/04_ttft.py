@@ -194,12 +194,14 @@ for tower in tqdm(towers, desc="towers", disable=not progress):
     for b in [b for b in t_buckets if b.vit_tokens <= max_tokens]:
         inp = encoder_inputs(b.grids, tcfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
         att = pick_attention(b.grids, dev) if attention == "auto" else attention
+        windows_kernel(dev, tcfg.head_dim)  # probed here, eager, before any graph capture
         agreement = native_agreement(tnet, inp, att, t_variants)
         nan = float("nan")
         for mode in modes:
             rounds = bucket_rounds(tnet, inp, t_variants, mode, att, samples=tower_samples or samples,
                                    seed=f"{seed}/{tower}/{b.resolution}/{b.images}/{mode}")
-            bucket = bucket_rows(b, mode, att + (f" + windows: {windows_kernel(dev)}" if tcfg.window else ""),
+            bucket = bucket_rows(b, mode, att + (f" + windows: {windows_kernel(dev, tcfg.head_dim)}"
+                                                 if tcfg.window else ""),
                                  rounds, profiled={v: (nan, nan) for v in t_variants},
                                  peaks={v: nan for v in t_variants}, agreement=agreement,
                                  copy_gbps=copy_gbps, layers=tcfg.layers, encoder=tower)

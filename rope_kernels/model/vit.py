@@ -174,9 +174,10 @@ class MoonViTEncoder(nn.Module):
     def _window_attention(q, k, v, windows: "Windows") -> torch.Tensor:
         """Attention within each window (``windows``: ``window_partition``'s, tokens in window
         order): varlen attention over the windows' ``cu_seqlens`` on a GPU that has it, else
-        one batched SDPA call per window size (CPU included)."""
+        one batched SDPA call per window size (CPU, float32 included)."""
         tokens, heads, head_dim = q.shape
-        if windows_kernel(q.device) == "varlen_attn":
+        # flash attention's varlen kernel takes bf16/fp16 only (the float32 reference: SDPA)
+        if q.dtype in (torch.bfloat16, torch.float16) and windows_kernel(q.device, head_dim) == "varlen_attn":
             from torch.nn.attention.varlen import varlen_attn
 
             o = varlen_attn(q, k, v, windows.cu_seqlens, windows.cu_seqlens, windows.max_seqlen,
@@ -328,16 +329,31 @@ def window_partition(grids, window: int, *, device=None) -> Windows:
     return Windows(order.to(device), restore.to(device), cu.to(device), max(lengths), tuple(groups))
 
 
-def windows_kernel(device) -> str:
-    """How windowed layers attend on ``device``: ``varlen_attn`` on a GPU whose torch has it,
-    else ``sdpa_per_window_size`` (one batched SDPA call per window size)."""
-    if torch.device(device).type == "cuda":
+_VARLEN_OK: dict = {}
+
+
+def windows_kernel(device, head_dim: int = 80) -> str:
+    """How windowed layers attend on ``device``: ``varlen_attn`` on a GPU whose torch has it
+    and where it agrees with SDPA at ``head_dim`` on two uneven windows (probed once, eager:
+    call it before a graph capture), else ``sdpa_per_window_size`` (one batched SDPA call per
+    window size)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "sdpa_per_window_size"
+    key = (str(device), head_dim)
+    if key not in _VARLEN_OK:
         try:
-            from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-            return "varlen_attn"
-        except ImportError:
-            pass
-    return "sdpa_per_window_size"
+            from torch.nn.attention.varlen import varlen_attn
+
+            q, k, v = torch.randn(3, 80, 2, head_dim, device=device, dtype=torch.bfloat16).unbind(0)
+            cu = torch.tensor([0, 64, 80], dtype=torch.int32, device=device)
+            out = varlen_attn(q, k, v, cu, cu, 64, 64)
+            ref = torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1).float() for t in (q, k, v)))
+                             .transpose(0, 1) for a, b in ((0, 64), (64, 80))])
+            _VARLEN_OK[key] = bool((out.float() - ref).abs().max() < 5e-2)
+        except (ImportError, RuntimeError):
+            _VARLEN_OK[key] = False
+    return "varlen_attn" if _VARLEN_OK[key] else "sdpa_per_window_size"
 
 
 @dataclass(frozen=True)
