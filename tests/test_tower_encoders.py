@@ -233,3 +233,19 @@ def test_the_tower_parameters_default_to_none_and_the_gpu_profile_names_the_qwen
     cuda = yaml.safe_load((REPO_ROOT / "params" / "cuda.yaml").read_text())["04_ttft"]
     assert cuda["towers"] == ["qwen3_vl", "qwen25_vl"]
     assert set(cuda["tower_image_counts"]) <= set(cuda["resolutions"])
+
+
+def test_the_memory_bound_counts_the_towers_buckets_by_their_image_rule():
+    """bounds.working_set sizes 04's buckets: the towers' too (Qwen2.5-VL's 16 x 1024x1024 is
+    87,616 tokens of a 1280-wide, gated-MLP layer: larger than Kimi's), and a Qwen main encoder
+    (it failed with a KeyError before)."""
+    from rope_kernels.study import bounds
+
+    base = {"encoder": "kimi_k25", "resolutions": ["1024x1024"], "image_counts": [16]}
+    kimi, _ = bounds.working_set("04_ttft", base)
+    both, what = bounds.working_set("04_ttft", {**base, "towers": ["qwen3_vl", "qwen25_vl"],
+                                                "tower_image_counts": {"1024x1024": [16]}})
+    assert both > kimi and what.startswith("qwen25_vl: 16 images of 1024x1024 (87616")
+    _, what = bounds.working_set("04_ttft", {"encoder": "qwen3_vl", "resolutions": ["1024x1024"],
+                                             "image_counts": [1]})
+    assert "(4096 vision tokens)" in what
