@@ -584,16 +584,22 @@ with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
 # %% [markdown]
 # ## Other vision towers
 #
-# The towers of `towers` (`rope_kernels/towers.py`: Qwen3-VL, 27 layers x 16 heads of 72, and
-# Qwen2.5-VL, 32 layers x 16 heads of 80 with window attention in all but 4 layers; both rotate
-# halves), timed in the same run as the main encoder: the whole encoder on one GPU, every round
-# all of a bucket's variants. Encoder median per tower, variant and images, and what `fused`
-# saves over `native` per tower (from these rows):
+# The towers of `towers` (their geometry from `rope_kernels/towers.py`, below), timed in the same
+# run as the main encoder: the whole encoder on one GPU, every round all of a bucket's variants
+# (those that rotate the tower's way; the others are named above with why). Windowed layers attend
+# within windows (`rope_kernels/model/vit.py`: tokens gathered window by window once, as vLLM
+# runs Qwen2.5-VL; the attention kernel is named in each row). Encoder median per tower, variant
+# and images, and what `fused` saves over `native` per tower (from these rows):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+from rope_kernels.towers import get_tower
 others = latency_all[(latency_all.encoder != encoder) & (latency_all.encoder_parallel == "1gpu")]
 if len(others):
+    display(pd.DataFrame([{"tower": t.name, "layers": t.layers, "heads x head_dim": f"{t.heads} x {t.head_dim}",
+                           "rotation": t.rotation, "windowed layers": t.windowed_layers,
+                           "window [px]": t.window_px, "TTFT language model": t.llm_model or t.llm_note}
+                          for t in map(get_tower, towers)]))
     display(others.pivot_table(index=["encoder", "resolution", "images", "mode"], columns="variant",
                                values="median_ms").rename_axis(columns="encoder median [ms]").round(2))
     tw = others.pivot_table(index=["encoder", "resolution", "images", "vit_tokens", "mode"], columns="variant",
