@@ -249,3 +249,36 @@ def test_the_memory_bound_counts_the_towers_buckets_by_their_image_rule():
     _, what = bounds.working_set("04_ttft", {"encoder": "qwen3_vl", "resolutions": ["1024x1024"],
                                              "image_counts": [1]})
     assert "(4096 vision tokens)" in what
+
+
+def test_the_towers_rows_leave_kimis_findings_targets_and_summary_as_they_were(tmp_path):
+    """The committed H200 rows with tower rows beside them (as 04 with `towers` writes them):
+    the findings, the targets' verdicts and the summary read Kimi's rows only, unchanged."""
+    import shutil
+
+    from rope_kernels.study import findings, summary, targets as T
+    from rope_kernels.study.devices import REPO_ROOT
+    from rope_kernels.study.specs import ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV
+
+    src = REPO_ROOT / "data" / "nvidia-h200"
+    if not (src / ENCODER_LATENCY_CSV).exists():
+        pytest.skip("no committed H200 encoder rows")
+    dst = tmp_path / "nvidia-h200"
+    shutil.copytree(src, dst)
+    for name in (ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV):
+        rows = pd.read_csv(dst / name)
+        rows = rows if "encoder" in rows else rows.assign(encoder="kimi_k25")
+        tower = rows.assign(encoder="qwen3_vl")
+        for col in ("median_ms", "ttft_ms"):
+            if col in tower:
+                tower[col] = tower[col] * 0.5  # different numbers: mixing them in would show
+        pd.concat([rows, tower]).to_csv(dst / name, index=False)
+    assert findings.render_findings(dst) == findings.render_findings(src)
+    before = T.evaluate(T.load_tables(src))
+    after = T.evaluate(T.load_tables(dst))
+    pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True))
+    assert set(pd.read_csv(dst / ENCODER_LATENCY_CSV).encoder) == {"kimi_k25", "qwen3_vl"}
+    one = summary.all_devices(tmp_path, "all")
+    shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    pd.testing.assert_frame_equal(one, summary.all_devices(tmp_path, "all"))
