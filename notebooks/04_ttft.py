@@ -46,6 +46,12 @@ encoder_parallel = ["1gpu"]
 sharded_buckets = {}  # resolution -> image counts where tp8/dp8 are timed; empty: every bucket
 sharded_variants = []  # the variants tp8's shard times (empty: variants)
 image_counts_by_resolution = {}  # resolution -> image counts, in place of image_counts there
+# further vision towers (rope_kernels.towers: kimi_k25 | qwen3_vl | qwen25_vl), timed after the main
+# encoder on one GPU, each mode of `modes`, rows keyed by `encoder` = the tower (section "Other vision towers")
+towers = []
+tower_variants = ["native", "fused", "fused_inplace", "none"]  # variants that do not rotate its way are skipped, saying why
+tower_image_counts = {}  # resolution -> image counts (resolutions among `resolutions`); empty: the main encoder's
+tower_samples = 0  # rounds per tower bucket; 0: samples
 seed = 0
 progress = True
 data_dir = ""  # where to upsert encoder_latency.csv; empty: do not save
@@ -97,8 +103,7 @@ from rope_kernels.study import plots
 
 kind, dev = notebook_setup(device)  # quiet known warnings, display and plot style
 check_parameters("04_ttft", globals(), kind)  # the runner's rules and messages, for plain papermill too
-cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25,
-       "qwen3_vl": EncoderConfig.qwen3_vl}[encoder]()
+cfg = EncoderConfig.for_encoder(encoder)
 if layers:
     cfg = cfg.with_layers(layers)
 model = MoonViTEncoder(cfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
@@ -170,16 +175,60 @@ for b, par, mode in tqdm(work, desc="encoder buckets", disable=not progress):
         one_gpu_rows[(b.resolution, b.images, mode)] = bucket
     rows += [dict(r, **parallel) for r in bucket]
     del inp
+# further vision towers (`towers`): the whole encoder on one GPU at the main encoder's resolutions,
+# each mode, round-robin as above; not profiled (profiled_ columns empty) to keep the run short
+from rope_kernels.model.vit import windows_kernel
+from rope_kernels.prefill import tower_prefill_settings, towers_without_ttft
+tower_rows = []
+for tower in tqdm(towers, desc="towers", disable=not progress):
+    tcfg = EncoderConfig.for_encoder(tower)
+    tcfg = tcfg.with_layers(layers) if layers else tcfg
+    tnet = MoonViTEncoder(tcfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+    skipped_here = encoder_not_run(tower_variants, tcfg.head_dim, parse_dtype(dtype), tcfg.rotation)
+    for v, why in skipped_here.items():
+        print(f"{tower} {v}: not run here ({why})")
+    t_variants = [v for v in tower_variants if v not in skipped_here]
+    t_buckets = [make_bucket(r, n, tower=tcfg.tower) for r in resolutions if not tower_image_counts
+                 or r in tower_image_counts
+                 for n in tower_image_counts.get(r, image_counts_by_resolution.get(r, image_counts))]
+    for b in [b for b in t_buckets if b.vit_tokens <= max_tokens]:
+        inp = encoder_inputs(b.grids, tcfg, device=dev, dtype=parse_dtype(dtype), seed=seed)
+        att = pick_attention(b.grids, dev) if attention == "auto" else attention
+        windows_kernel(dev, tcfg.head_dim)  # probed here, eager, before any graph capture
+        agreement = native_agreement(tnet, inp, att, t_variants)
+        nan = float("nan")
+        for mode in modes:
+            rounds = bucket_rounds(tnet, inp, t_variants, mode, att, samples=tower_samples or samples,
+                                   seed=f"{seed}/{tower}/{b.resolution}/{b.images}/{mode}")
+            bucket = bucket_rows(b, mode, att + (f" + windows: {windows_kernel(dev, tcfg.head_dim)}"
+                                                 if tcfg.window else ""),
+                                 rounds, profiled={v: (nan, nan) for v in t_variants},
+                                 peaks={v: nan for v in t_variants}, agreement=agreement,
+                                 copy_gbps=copy_gbps, layers=tcfg.layers, encoder=tower)
+            one = parallel_columns("1gpu", images=b.images, vit_tokens=b.vit_tokens, gpu_vit_tokens=b.vit_tokens,
+                                   hidden=tcfg.hidden, layers=tcfg.layers, merged_hidden=tcfg.text_hidden,
+                                   merge=tcfg.merge)
+            tower_rows.append(pd.DataFrame([dict(r, **one) for r in bucket]))
+        del inp
+    del tnet
 # measured encoder latency (one GPU's work per mode), plus the modelled time to first token
-# (modelled_ columns; see below)
+# (modelled_ columns, each tower's language model; see below)
 latency_all = add_ttft(pd.DataFrame(rows).assign(**provenance(kind)), prefill_model, text_tokens)
+no_llm = towers_without_ttft(towers)
+for part in tower_rows:
+    name = part.encoder.iloc[0]
+    part = part.assign(**provenance(kind))
+    if name not in no_llm:  # modelled_ columns from the tower's own LLM (hand model)
+        part = add_ttft(part, tower_prefill_settings(name, prefill_model)[0], text_tokens)
+    latency_all = pd.concat([latency_all, part], ignore_index=True)
 if data_dir:
     from rope_kernels.study.results import upsert_csv
     from rope_kernels.study.specs import ENCODER_LATENCY_CSV
     written = Path(data_dir) / ENCODER_LATENCY_CSV
     upsert_csv(written, latency_all)  # key: specs.RESULT_FILES
     print(data_line(written))  # what this report wrote; tests compare it with the CSV
-latency = latency_all[latency_all.encoder_parallel == "1gpu"]  # the whole encoder: the sections below
+# the main encoder on one GPU: the sections below (the towers' rows: "Other vision towers")
+latency = latency_all[(latency_all.encoder_parallel == "1gpu") & (latency_all.encoder == encoder)]
 latency.pivot_table(index=["resolution", "images", "mode"], columns="variant", values="median_ms").rename_axis(
     columns="encoder median [ms]").round(2)
 
@@ -389,13 +438,18 @@ from rope_kernels.prefill import aic_covered_systems, device_ttft, ttft_savings
 from rope_kernels.study.results import upsert_csv
 from rope_kernels.study.specs import TIME_TO_FIRST_TOKEN_CSV
 
-ttft_all = device_ttft(latency_all, text_tokens=text_tokens, hand=prefill_model, source=prefill,
-                       graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
-                       moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
+from rope_kernels.prefill import tower_ttft
+
+# per encoder: Kimi-K2.5's LLM at llm_tp / llm_moe_ep for the main encoder, each tower's own LLM
+# (towers.py llm_model, llm_tp) for its rows; a tower without one gets no TTFT rows
+ttft_every = tower_ttft(latency_all, text_tokens=text_tokens, hand=prefill_model, source=prefill,
+                        graph_tokens=encoder_graph_tokens, backend=llm_backend, tp=llm_tp,
+                        moe_tp=max(1, llm_tp // llm_moe_ep), moe_ep=llm_moe_ep)
 if data_dir:
     written = Path(data_dir) / TIME_TO_FIRST_TOKEN_CSV
-    upsert_csv(written, ttft_all)  # key: specs.RESULT_FILES
+    upsert_csv(written, ttft_every)  # key: specs.RESULT_FILES
     print(data_line(written))  # what this report wrote; tests compare it with the CSV
+ttft_all = ttft_every[ttft_every.encoder == encoder]  # the main encoder (the towers': "Other vision towers")
 ttft = ttft_all[ttft_all.encoder_parallel == "1gpu"]  # the whole encoder on one GPU (next sections)
 first = ttft.iloc[0]
 print(f"prefill: {first.prefill_source}; {first.prefill_package or first.hand_model}; "
@@ -526,6 +580,52 @@ encoder_targets = targets_for("encoder")
 verdicts = evaluate({"encoder": latency}, encoder_targets)
 display(summarize(verdicts, encoder_targets)[["target", "what", "rule", "regime", "verdict", "counts", "measured"]])
 with_units(verdicts.drop(columns=["op", "threshold", "unit"])).round(3)
+
+# %% [markdown]
+# ## Other vision towers
+#
+# The towers of `towers` (their geometry from `rope_kernels/towers.py`, below), timed in the same
+# run as the main encoder: the whole encoder on one GPU, every round all of a bucket's variants
+# (those that rotate the tower's way; the others are named above with why). Windowed layers attend
+# within windows (`rope_kernels/model/vit.py`: tokens gathered window by window once, as vLLM
+# runs Qwen2.5-VL; the attention kernel is named in each row). Encoder median per tower, variant
+# and images, and what `fused` saves over `native` per tower (from these rows):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from rope_kernels.towers import get_tower
+others = latency_all[(latency_all.encoder != encoder) & (latency_all.encoder_parallel == "1gpu")]
+if len(others):
+    display(pd.DataFrame([{"tower": t.name, "layers": t.layers, "heads x head_dim": f"{t.heads} x {t.head_dim}",
+                           "rotation": t.rotation, "windowed layers": t.windowed_layers,
+                           "window [px]": t.window_px, "TTFT language model": t.llm_model or t.llm_note}
+                          for t in map(get_tower, towers)]))
+    display(others.pivot_table(index=["encoder", "resolution", "images", "mode"], columns="variant",
+                               values="median_ms").rename_axis(columns="encoder median [ms]").round(2))
+    tw = others.pivot_table(index=["encoder", "resolution", "images", "vit_tokens", "mode"], columns="variant",
+                            values="median_ms").reset_index()
+    for v in ("fused", "fused_inplace"):
+        if {"native", v} <= set(tw.columns):
+            tw[f"{v}_saving_ms"] = tw["native"] - tw[v]
+            tw[f"{v}_saving_pct"] = 100 * (tw["native"] - tw[v]) / tw["native"]
+    display(with_units(tw[[c for c in tw.columns if c in ("encoder", "resolution", "images", "vit_tokens", "mode")
+                           or c.endswith(("_saving_ms", "_saving_pct"))]]).round(2))
+    sat = tw[tw.images == tw.images.max()]
+    for _, r in sat.iterrows():
+        if "fused_saving_pct" in sat:
+            print(f"{r.encoder} {r.resolution} x {r.images} ({r['mode']}): fused saves {r.fused_saving_ms:.3f} ms "
+                  f"= {r.fused_saving_pct:.2f}% of native's {r.native:.2f} ms")
+    tower_ttft_rows = ttft_every[(ttft_every.encoder != encoder) & (ttft_every.encoder_parallel == "1gpu")]
+    for name, why in towers_without_ttft(towers).items():
+        print(f"{name}: no time to first token ({why})")
+    if len(tower_ttft_rows):
+        first_tower = tower_ttft_rows.iloc[0]
+        print(f"{first_tower.encoder} prefill: {first_tower.prefill_llm}, {first_tower.prefill_source} "
+              f"{first_tower.prefill_system} {first_tower.prefill_parallelism}; {first_tower.prefill_note}")
+        display(tower_ttft_rows.pivot_table(index=["encoder", "resolution", "images", "llm_prefill_tokens"],
+                                            columns=["encoder_policy", "variant"], values="ttft_ms").round(1))
+else:
+    print("no further towers in this run (parameter towers)")
 
 # %% [markdown]
 # **Caveats.** Random weights: the latency is the real model's (same shapes, same kernels), the

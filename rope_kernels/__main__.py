@@ -288,7 +288,7 @@ def _findings(args) -> int:
 
 
 def _ttft(args) -> int:
-    from rope_kernels.prefill import PrefillModel, device_ttft
+    from rope_kernels.prefill import PrefillModel, tower_ttft, towers_without_ttft
     from rope_kernels.study.devices import REPO_ROOT, data_line
     from rope_kernels.study.results import read_table, upsert_csv
     from rope_kernels.study.specs import ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV
@@ -309,19 +309,23 @@ def _ttft(args) -> int:
         latency = read_table(source)
         if args.images:
             latency = latency[latency["images"].isin(args.images)]
-        rows = device_ttft(latency, text_tokens=args.text_tokens, hand=PrefillModel(), source=args.prefill,
+        # per encoder (Kimi-K2.5's and each tower's rows), each with its own language model
+        rows = tower_ttft(latency, text_tokens=args.text_tokens, hand=PrefillModel(), source=args.prefill,
                            graph_tokens=args.encoder_graph_tokens, backend=args.backend, tp=args.tp,
                            moe_tp=args.tp // args.moe_ep if args.tp % args.moe_ep == 0 else 0,
                            moe_ep=args.moe_ep)
     except (ValueError, RuntimeError) as exc:
         print(f"rope-study: error: {exc}", file=sys.stderr)
         return 2
-    shown = rows.pivot_table(index=["resolution", "images", "llm_prefill_tokens", "prefill_ms"],
+    for name, why in towers_without_ttft(latency["encoder"] if "encoder" in latency else []).items():
+        print(f"{name}: no time to first token ({why})")
+    shown = rows.pivot_table(index=["encoder", "resolution", "images", "llm_prefill_tokens", "prefill_ms"],
                              columns=["encoder_parallel", "encoder_policy", "variant"], values="ttft_ms")
     print(shown.round(1).to_string())
-    first = rows.iloc[0]
-    print(f"prefill: {first.prefill_source} {first.prefill_package} {first.prefill_system} "
-          f"{first.prefill_backend} {first.prefill_parallelism} {first.prefill_note}".rstrip())
+    for _, first in rows.drop_duplicates("encoder").iterrows():
+        print(f"prefill ({first.encoder}: {first.prefill_llm}): {first.prefill_source} {first.prefill_package} "
+              f"{first.prefill_system} {first.prefill_backend} {first.prefill_parallelism} "
+              f"{first.prefill_note}".rstrip())
     if args.write:
         upsert_csv(folder / TIME_TO_FIRST_TOKEN_CSV, rows)
         print(data_line(folder / TIME_TO_FIRST_TOKEN_CSV))

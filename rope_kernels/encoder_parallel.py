@@ -180,6 +180,20 @@ def one_gpu_rows(rows):
     return rows[rows["encoder_parallel"].fillna("1gpu") == "1gpu"]
 
 
+# the encoders whose rows the study's Kimi verdicts read: Kimi-K2.5's tower and its CPU-sized twin
+KIMI_ENCODERS = ("kimi_k25", "small")
+
+
+def kimi_encoder_rows(rows):
+    """The rows of Kimi-K2.5's encoder (``encoder`` kimi_k25, or small on a CPU; rows from before
+    the column are all Kimi's): what the targets, findings and summaries read. The further
+    towers' rows (notebook 04's ``towers``: qwen3_vl, qwen25_vl) sit beside them in the same
+    files, under their own ``encoder``."""
+    if "encoder" not in getattr(rows, "columns", ()):
+        return rows
+    return rows[rows["encoder"].fillna("kimi_k25").isin(KIMI_ENCODERS)]
+
+
 def prefill_chunks(tokens: int, chunk: int = VLLM_MAX_NUM_BATCHED_TOKENS) -> list[tuple[int, int]]:
     """vLLM's chunked prefill of one request alone in the batch: (prefix, size) per step, each
     chunk ``chunk`` tokens (the last the rest) attending to the ``prefix`` before it."""

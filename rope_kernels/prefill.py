@@ -300,6 +300,8 @@ class AIConfiguratorPrefill:
 
     @property
     def parallelism(self) -> str:
+        if self.model != AIC_MODEL:  # a dense model: no experts
+            return f"TP{self.tp}, batch {self.batch}"
         return f"TP{self.tp} + EP{self.moe_ep} (MoE TP{self.moe_tp}), batch {self.batch}"
 
     def _handle(self):
@@ -343,7 +345,9 @@ class AIConfiguratorPrefill:
 
     def moe_tables_end(self) -> int:
         """The most tokens its MoE tables hold for Kimi's experts at this parallelism (0:
-        unknown)."""
+        unknown, or a dense model: no MoE tables)."""
+        if self.model != AIC_MODEL:
+            return 0
         path = (_aic_root() / "data" / self.system / "moe" / self.backend / self.tables_version()
                 / "moe_perf.parquet")
         if not path.exists():
@@ -359,6 +363,8 @@ class AIConfiguratorPrefill:
         """"measured tables" where the prefill's tokens lie within its MoE tables, else
         "extrapolated" and why."""
         end = _moe_end(self)
+        if self.model != AIC_MODEL:  # a dense model (Qwen3-VL-8B): no MoE tables to run past
+            return "measured tables (dense model: GEMM and attention tables, no MoE)"
         if end == 0:
             return f"extrapolated: no MoE table for Kimi's experts at {self.parallelism}"
         if _tokens(tokens) * self.batch > end:
@@ -397,12 +403,13 @@ def choose_prefill(device_name: str, source: str = "auto", **settings) -> tuple[
     why = ""
     system = aic_system(device_name)
     backend = settings.get("backend", "vllm")
+    model = settings.get("model", AIC_MODEL)
     if not aiconfigurator_version():
         why = f"{AIC_PACKAGE} is not installed here (pip install '.[ttft]')"
     elif not system:
         why = f"aiconfigurator has no tables for {device_name!r} (CPU or non-NVIDIA device)"
-    elif system not in (covered := aic_covered_systems(backend)):
-        why = (f"aiconfigurator has no {backend} tables for Kimi-K2.5 on {system} "
+    elif system not in (covered := aic_covered_systems(backend, model)):
+        why = (f"aiconfigurator has no {backend} tables for {model} on {system} "
                f"(it covers {', '.join(covered)})")
     if why:
         if source == "aiconfigurator":
@@ -423,7 +430,7 @@ ENCODER_POLICIES = {
                            "the largest graph's merged tokens, eager beyond",
     "cudagraph": "encoder CUDA graphs at every size (all graphs)",
 }
-TTFT_KEY = ("variant", "resolution", "images", "encoder_policy", "encoder_parallel", "device_name")
+TTFT_KEY = ("variant", "resolution", "images", "encoder_policy", "encoder", "encoder_parallel", "device_name")
 # columns of an encoder row that a TTFT row carries as they are (provenance)
 _CARRIED = ("vit_tokens", "device_name", "device_kind", "torch_version", "triton_version",
             "git_commit", "encoder", "layers", "attention_kernel", "timer")
@@ -452,7 +459,8 @@ def _policy_mode(policy: str, merged_tokens: int, budget: int) -> str:
 
 def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
               aic: AIConfiguratorPrefill | None = None, why_hand: str = "",
-              graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None) -> pd.DataFrame:
+              graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None,
+              llm: str = AIC_MODEL) -> pd.DataFrame:
     """Time to first token per (variant, bucket, encoder policy) from encoder-latency rows:
     the encoder's median in the mode the policy runs (``ENCODER_POLICIES``; a policy whose
     modes were not all timed is left out) plus the language model's prefill of the merged vision
@@ -467,7 +475,9 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
     ``max_num_batched_tokens`` on an H100/H200) a step, each chunk attending to the prefix
     (``prefill_ms``, ``ttft_ms``); the unchunked prefill is beside it (``prefill_unchunked_ms``,
     ``ttft_unchunked_ms``) and ``prefill_note`` says which chunks ran and where the unchunked
-    prompt is past the tables. The hand model's FLOPs do not change with chunking."""
+    prompt is past the tables. The hand model's FLOPs do not change with chunking.
+    ``prefill_llm`` names the language model prefilled (aiconfigurator's ``aic.model``, else ``llm``:
+    the model the hand model stands for)."""
     from rope_kernels.encoder_parallel import VLLM_MAX_NUM_BATCHED_TOKENS, prefill_chunks
 
     chunk = VLLM_MAX_NUM_BATCHED_TOKENS if chunk_tokens is None else chunk_tokens
@@ -530,6 +540,7 @@ def ttft_rows(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel,
             ttft = encoder_ms + comm + prefill["prefill_ms"]
             rows.append({"variant": r.variant, "resolution": r.resolution, "images": int(r.images),
                          "encoder_policy": policy, "encoder_mode": mode,
+                         "prefill_llm": getattr(aic, "model", AIC_MODEL) if aic is not None else llm,
                          "encoder_parallel": r.encoder_parallel, "text_tokens": text,
                          "llm_prefill_tokens": n, "encoder_ms": encoder_ms, "comm_ms": comm,
                          "comm_model": "none (one GPU)" if r.encoder_parallel == "1gpu"
@@ -567,7 +578,7 @@ def ttft_savings(ttft: pd.DataFrame, baseline: str = "native") -> pd.DataFrame:
 
 def device_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, source: str = "auto",
                 graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None,
-                **settings) -> pd.DataFrame:
+                llm: str = AIC_MODEL, **settings) -> pd.DataFrame:
     """``ttft_rows`` with the prefill chosen for the device that timed the rows (their
     ``device_name``, not this machine: an H200's rows get h200_sxm's tables on a CPU too),
     by ``choose_prefill(device, source, **settings)``."""
@@ -576,4 +587,67 @@ def device_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, 
         raise ValueError(f"encoder rows must come from one device, got {devices or 'no device_name column'}")
     aic, why = choose_prefill(devices[0], source, **settings)
     return ttft_rows(latency, text_tokens=text_tokens, hand=hand, aic=aic, why_hand=why,
-                     graph_tokens=graph_tokens, chunk_tokens=chunk_tokens)
+                     graph_tokens=graph_tokens, chunk_tokens=chunk_tokens, llm=llm)
+
+
+# -- the language model behind each vision tower (towers.py: llm_model, llm_tp) ------------
+#
+# Kimi-K2.5's rows (and the CPU-sized ``small`` encoder's, which stands in for it) keep the
+# caller's settings (notebook 04's llm_tp / llm_moe_ep, the hand model's Kimi parameters).
+# Another tower's rows get its own model at its own tensor parallel (dense: no experts), and a
+# hand model of that model where aiconfigurator cannot run; a tower with no ``llm_model``
+# gets no TTFT rows (``towers_without_ttft`` says why).
+KIMI_ENCODERS = ("small", "kimi_k25")
+# the hand model's shape of each tower LLM (its config.json text_config, as aiconfigurator
+# ships it under model_configs/): layers, attention heads, head_dim
+_HAND_LLM_SHAPES = {"Qwen/Qwen3-VL-8B-Instruct": (36, 32, 128)}
+
+
+def tower_prefill_settings(encoder: str, hand: PrefillModel, **settings) -> tuple[PrefillModel, dict, str]:
+    """(hand model, ``choose_prefill`` settings, LLM name) for the rows of ``encoder``;
+    ValueError for a tower without a language model here."""
+    if encoder in KIMI_ENCODERS:
+        return hand, dict(settings), settings.get("model", AIC_MODEL)
+    from dataclasses import replace
+
+    from rope_kernels.towers import get_tower
+
+    tower = get_tower(encoder)
+    if not tower.llm_model:
+        raise ValueError(f"tower {encoder!r} has no language model for time to first token: {tower.llm_note}")
+    layers, heads, head_dim = _HAND_LLM_SHAPES[tower.llm_model]
+    tower_hand = replace(hand, active_params=tower.llm_active_params_b * 1e9, layers=layers, heads=heads,
+                         qk_head_dim=head_dim, v_head_dim=head_dim, gpus=tower.llm_tp,
+                         source=f"{tower.llm_model} (towers.py: {tower.llm_note})")
+    tower_settings = dict(settings, model=tower.llm_model, tp=tower.llm_tp, moe_tp=1, moe_ep=1)
+    return tower_hand, tower_settings, tower.llm_model
+
+
+def towers_without_ttft(encoders) -> dict[str, str]:
+    """The encoders among ``encoders`` that get no TTFT rows -> why (no language model here)."""
+    from rope_kernels.towers import TOWERS
+
+    return {e: TOWERS[e].llm_note for e in dict.fromkeys(encoders)
+            if e not in KIMI_ENCODERS and e in TOWERS and not TOWERS[e].llm_model}
+
+
+def tower_ttft(latency: pd.DataFrame, *, text_tokens: int, hand: PrefillModel, source: str = "auto",
+               graph_tokens: int = VLLM_ENCODER_GRAPH_TOKENS, chunk_tokens: int | None = None,
+               **settings) -> pd.DataFrame:
+    """``device_ttft`` per encoder (the rows' ``encoder`` column; rows without it are
+    Kimi-K2.5's), each with its tower's language model (``tower_prefill_settings``); encoders
+    without one are left out (``towers_without_ttft``)."""
+    latency = latency if "encoder" in latency else latency.assign(encoder="kimi_k25")
+    skipped = towers_without_ttft(latency["encoder"])
+    parts = []
+    for encoder, rows in latency.groupby("encoder", sort=False):
+        if encoder in skipped:
+            continue
+        enc_hand, enc_settings, llm = tower_prefill_settings(encoder, hand, **settings)
+        parts.append(device_ttft(rows, text_tokens=text_tokens, hand=enc_hand, source=source,
+                                 graph_tokens=graph_tokens, chunk_tokens=chunk_tokens, llm=llm,
+                                 **enc_settings))
+    if not parts:
+        raise ValueError(f"no encoder rows with a language model for time to first token "
+                         f"(left out: {skipped})")
+    return pd.concat(parts, ignore_index=True)

@@ -57,6 +57,13 @@ class Tower:
     window_px: int = 0  # windowed layers attend within windows of this many pixels a side
     deepstack_layers: tuple[int, ...] = ()  # layers whose features also feed the LLM
     source: str = ""  # where the numbers come from (config and engine files)
+    # the language model behind the tower, for time to first token (prefill.tower_prefills):
+    # aiconfigurator-core's model name ("": none there, no TTFT rows), its tensor parallel,
+    # and its parameters per token in billions (the hand model where aiconfigurator cannot run)
+    llm_model: str = ""
+    llm_tp: int = 0
+    llm_active_params_b: float = 0.0
+    llm_note: str = ""  # why that model and parallelism
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
@@ -75,6 +82,9 @@ class Tower:
                              f"got {self.image_rule!r}")
         if self.image_rule == "qwen_smart_resize" and not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(f"tower {self.name!r}: smart_resize needs 0 < min_pixels <= max_pixels")
+        if self.llm_model and not (isinstance(self.llm_tp, int) and self.llm_tp >= 1
+                                   and self.llm_active_params_b > 0):
+            raise ValueError(f"tower {self.name!r}: llm_model needs llm_tp >= 1 and llm_active_params_b > 0")
         bad = [i for i in self.full_attention_layers + self.deepstack_layers
                if not 0 <= i < self.layers]
         if bad:
@@ -159,20 +169,30 @@ def get_tower(name: str) -> Tower:
 register(Tower(
     "kimi_k25", "Kimi-K2.5 MoonViT", layers=27, hidden=1152, heads=16, mlp=4304, patch_size=14,
     merge_size=2, image_rule="kimi", rotation="pairs",
+    llm_model="moonshotai/Kimi-K2.5", llm_tp=8, llm_active_params_b=32.0,
+    llm_note="Kimi-K2.5's LLM (32B active of 1.04T, MoE) over 8 GPUs; notebook 04's llm_tp / llm_moe_ep set it",
     source="rope_kernels/model/config.py (Kimi-K2.5 MoonViT); vLLM 0.34.0 "
            "model_executor/models/kimi_k25_vit.py"))
 register(Tower(
     "qwen3_vl", "Qwen3-VL", layers=27, hidden=1152, heads=16, mlp=4304, patch_size=16,
     merge_size=2, image_rule="qwen_smart_resize", rotation="half",
     min_pixels=65536, max_pixels=16777216, deepstack_layers=(8, 16, 24),
+    llm_model="Qwen/Qwen3-VL-8B-Instruct", llm_tp=1, llm_active_params_b=8.2,
+    llm_note="the tower's 8B model (its config.json is the tower's source; 8.2B LLM parameters, "
+             "Qwen3-8B's), bf16 on one GPU as an 8B deployment runs; aiconfigurator-core ships its "
+             "config and a vLLM PASS on h200_sxm in its support matrix",
     source="Qwen/Qwen3-VL-8B-Instruct config.json vision_config and preprocessor_config.json; "
            "vLLM model_executor/models/qwen3_vl.py (rot_pos_emb, Qwen2_5_VisionRotaryEmbedding)"))
 register(Tower(
     "qwen25_vl", "Qwen2.5-VL", layers=32, hidden=1280, heads=16, mlp=3420, patch_size=14,
     merge_size=2, image_rule="qwen_smart_resize", rotation="half",
     min_pixels=3136, max_pixels=12845056, full_attention_layers=(7, 15, 23, 31), window_px=112,
+    llm_note="aiconfigurator-core 0.12 has no Qwen2.5-VL model (its model_configs)",
     source="Qwen/Qwen2.5-VL-7B-Instruct config.json vision_config and preprocessor_config.json; "
-           "vLLM model_executor/models/qwen2_5_vl.py (window attention, fullatt_block_indexes)"))
+           "vLLM model_executor/models/qwen2_5_vl.py (Qwen2_5_VisionTransformer.get_window_index: "
+           "windows of window_size // spatial_merge_size // patch_size = 4 merged tokens a side, "
+           "tokens gathered window by window before the blocks and back after the merger; "
+           "fullatt_block_indexes: full attention, cu_window_seqlens elsewhere)"))
 
 # The images the microbench times per tower: 1, 4 and 16 images of each resolution.
 TOWER_RESOLUTIONS = ("448x448", "1024x1024")

@@ -42,7 +42,7 @@ KIMI_IMAGES = (1, 4, 8, 16)
 ROPE_FREE_FLOORS = ("none", "gemm_epilogue_cute_norot")
 # How the encoder's attention runs (model/vit.py); "auto" picks one per device.
 ATTENTION_KERNELS = ("auto", "sdpa_cudnn_batched", "sdpa_batched", "varlen_attn", "sdpa_per_image")
-ENCODERS = ("small", "kimi_k25", "qwen3_vl")  # model/config.py; qwen3_vl rotates halves
+ENCODERS = ("small", "kimi_k25", "qwen3_vl", "qwen25_vl")  # model/config.py; the qwen towers rotate halves
 # How a head's elements are paired for the rotation: "pairs" (Kimi-K2.5's interleaved / GPT-J
 # complex pairs: x[2j] with x[2j+1]) and "half" (Qwen's rotate-half / NeoX: x[j] with
 # x[j + D/2]); both turn pair j by the angle of cos/sin column j, (T, D/2) for both.

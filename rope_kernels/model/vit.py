@@ -6,6 +6,17 @@ attention per image -> output projection, then LayerNorm -> MLP (tanh GELU).
 After the last layer: LayerNorm, 2x2 patch merge, projector to the LLM width.
 The RoPE table is built once per forward and shared by all layers. Only the
 RoPE step changes between variants, so encoder-time differences are RoPE's.
+
+Window attention (Qwen2.5-VL: ``EncoderConfig.window`` > 0), as vLLM's
+``model_executor/models/qwen2_5_vl.py`` (``Qwen2_5_VisionTransformer.get_window_index``) runs
+it: the tokens (and the RoPE table) are gathered window by window once before the layers
+(``window_partition``: windows of ``window`` patches a side, the edge windows smaller, none
+padded), ``full_attention_layers`` attend to the whole image, the other layers within each
+window (``cu_seqlens`` of the windows: varlen attention on a GPU that has it, else one batched
+SDPA call per window size), and the tokens are gathered back after the last layer. Modelled:
+both gathers (counted in the encoder's time, as vLLM pays them), the per-window attention, the
+SiLU-gated MLP (``gated_mlp``). Not modelled: RMSNorm (LayerNorm here), the exact token order
+inside a window (raster here, 2x2 merge units in vLLM: the same work).
 """
 
 from __future__ import annotations
@@ -57,7 +68,8 @@ class _Layer(nn.Module):
         self.wqkv = nn.Linear(*g["qkv"])
         self.wo = nn.Linear(*g["proj"])
         self.norm1 = nn.LayerNorm(cfg.hidden)
-        self.fc0 = nn.Linear(*g["fc1"])
+        # a gated MLP's fc0 makes gate and up at once (SiLU(gate) * up), twice the columns
+        self.fc0 = nn.Linear(g["fc1"][0], g["fc1"][1] * (2 if cfg.gated_mlp else 1))
         self.fc1 = nn.Linear(*g["fc2"])
 
 
@@ -100,7 +112,9 @@ class MoonViTEncoder(nn.Module):
                 p.data.copy_(std * torch.randn(p.shape, generator=gen))
 
     # -- pieces -------------------------------------------------------------
-    def _position_embedding(self, grids) -> torch.Tensor:
+    def _position_embedding(self, grids):
+        if not self.cfg.pos_grid:  # no learnable position table (Qwen2.5-VL): RoPE only
+            return 0
         table = self.pos_emb.permute(2, 0, 1).unsqueeze(0).float()
         cache: dict[tuple[int, int], torch.Tensor] = {}
         parts = []
@@ -156,6 +170,28 @@ class MoonViTEncoder(nn.Module):
             start += n
         return torch.cat(outs)
 
+    @staticmethod
+    def _window_attention(q, k, v, windows: "Windows") -> torch.Tensor:
+        """Attention within each window (``windows``: ``window_partition``'s, tokens in window
+        order): varlen attention over the windows' ``cu_seqlens`` on a GPU that has it, else
+        one batched SDPA call per window size (CPU, float32 included)."""
+        tokens, heads, head_dim = q.shape
+        # flash attention's varlen kernel takes bf16/fp16 only (the float32 reference: SDPA)
+        if q.dtype in (torch.bfloat16, torch.float16) and windows_kernel(q.device, head_dim) == "varlen_attn":
+            from torch.nn.attention.varlen import varlen_attn
+
+            o = varlen_attn(q, k, v, windows.cu_seqlens, windows.cu_seqlens, windows.max_seqlen,
+                            windows.max_seqlen)
+            return o.reshape(tokens, heads * head_dim)
+        out = q.new_empty(tokens, heads, head_dim)
+        for idx, count, size in windows.groups:
+            def bhsd(x):
+                return x.index_select(0, idx).view(count, size, heads, head_dim).transpose(1, 2)
+
+            o = F.scaled_dot_product_attention(bhsd(q), bhsd(k), bhsd(v))
+            out.index_copy_(0, idx, o.transpose(1, 2).reshape(count * size, heads, head_dim))
+        return out.reshape(tokens, heads * head_dim)
+
     def _merge(self, x: torch.Tensor, grids) -> torch.Tensor:
         m = self.cfg.merge
         parts, start = [], 0
@@ -205,9 +241,17 @@ class MoonViTEncoder(nn.Module):
                                               theta=cfg.theta, device=x.device)
         else:
             freqs_cis = vision_freqs_cis(grids, cfg.head_dim, theta=cfg.theta, device=x.device)
+        windows = None
+        if cfg.window:  # gather the tokens (and their angles) window by window, as vLLM does
+            key = (tuple(grids), cfg.window, str(x.device))  # built once (never inside a graph capture)
+            if key not in _WINDOWS:
+                _WINDOWS[key] = window_partition(grids, cfg.window, device=x.device)
+            windows = _WINDOWS[key]
+            x = x.index_select(0, windows.order)
+            freqs_cis = freqs_cis.index_select(0, windows.order)
         cos, sin = cos_sin_views(freqs_cis)
         operands = None
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
             h = blk.norm0(x)
             if rope in GEMM_EPILOGUE_MODES:
                 backend, epilogue = GEMM_EPILOGUE_MODES[rope]
@@ -221,14 +265,95 @@ class MoonViTEncoder(nn.Module):
             else:
                 qkv = blk.wqkv(h).view(tokens, 3, self.heads, cfg.head_dim)
                 q, k, v = self._rope(rope, qkv, freqs_cis, cos, sin, cfg.rotation)
-            o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
+            if windows is not None and cfg.windowed(i):
+                o = self._window_attention(q, k, v, windows)
+            else:  # a window order keeps each image's tokens together: whole-image attention holds
+                o = self._attention(attention, q, k, v, grids, cu_seqlens, max_seqlen)
             reduce = self.all_reduce or (lambda t: t)
             x = x + reduce(blk.wo(o))
             h = blk.norm1(x)
-            x = x + reduce(blk.fc1(F.gelu(blk.fc0(h), approximate="tanh")))
+            if cfg.gated_mlp:
+                gate, up = blk.fc0(h).chunk(2, dim=-1)
+                x = x + reduce(blk.fc1(F.silu(gate) * up))
+            else:
+                x = x + reduce(blk.fc1(F.gelu(blk.fc0(h), approximate="tanh")))
+        if windows is not None:  # back to the image order for the merge
+            x = x.index_select(0, windows.restore)
         x = self.final_norm(x)
         merged = self.proj_norm(self._merge(x, grids)).reshape(-1, cfg.hidden * cfg.merge**2)
         return self.proj1(F.gelu(self.proj0(merged)))
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Window attention's token layout (``window_partition``): ``order`` gathers the tokens
+    window by window (``x[order]``), ``restore`` gathers them back; ``cu_seqlens`` (int32) and
+    ``max_seqlen`` bound the windows in window order; ``groups``: per window size, the
+    window-order indexes of its windows' tokens, the number of windows and their size."""
+    order: torch.Tensor
+    restore: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    groups: tuple[tuple[torch.Tensor, int, int], ...]
+
+
+_WINDOWS: dict = {}  # (grids, window, device) -> Windows
+
+
+def window_partition(grids, window: int, *, device=None) -> Windows:
+    """Windows of ``window`` x ``window`` patches over each image of ``grids`` ((t, h, w)
+    patches, images in order), row-major; the last row and column of windows are smaller
+    where a side is not a multiple of ``window`` (vLLM pads its index and drops the padding:
+    the same windows). Tokens are taken to be in raster order within each image."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int (patches a side), got {window!r}")
+    order, lengths, start = [], [], 0
+    for t, h, w in grids:
+        idx = torch.arange(t * h * w).view(t, h, w)
+        for f in range(t):
+            for r in range(0, h, window):
+                for c in range(0, w, window):
+                    win = idx[f, r:r + window, c:c + window].reshape(-1)
+                    order.append(win + start)
+                    lengths.append(win.numel())
+        start += t * h * w
+    order = torch.cat(order)
+    restore = torch.empty_like(order)
+    restore[order] = torch.arange(order.numel())
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    groups = []
+    for size in sorted(set(lengths)):
+        starts = [int(cu[i]) for i, n in enumerate(lengths) if n == size]
+        idx = (torch.tensor(starts).unsqueeze(1) + torch.arange(size)).reshape(-1)
+        groups.append((idx.to(device), len(starts), size))
+    return Windows(order.to(device), restore.to(device), cu.to(device), max(lengths), tuple(groups))
+
+
+_VARLEN_OK: dict = {}
+
+
+def windows_kernel(device, head_dim: int = 80) -> str:
+    """How windowed layers attend on ``device``: ``varlen_attn`` on a GPU whose torch has it
+    and where it agrees with SDPA at ``head_dim`` on two uneven windows (probed once, eager:
+    call it before a graph capture), else ``sdpa_per_window_size`` (one batched SDPA call per
+    window size)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "sdpa_per_window_size"
+    key = (str(device), head_dim)
+    if key not in _VARLEN_OK:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+
+            q, k, v = torch.randn(3, 80, 2, head_dim, device=device, dtype=torch.bfloat16).unbind(0)
+            cu = torch.tensor([0, 64, 80], dtype=torch.int32, device=device)
+            out = varlen_attn(q, k, v, cu, cu, 64, 64)
+            ref = torch.cat([F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1).float() for t in (q, k, v)))
+                             .transpose(0, 1) for a, b in ((0, 64), (64, 80))])
+            _VARLEN_OK[key] = bool((out.float() - ref).abs().max() < 5e-2)
+        except (ImportError, RuntimeError):
+            _VARLEN_OK[key] = False
+    return "varlen_attn" if _VARLEN_OK[key] else "sdpa_per_window_size"
 
 
 @dataclass(frozen=True)

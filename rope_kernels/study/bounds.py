@@ -61,18 +61,37 @@ def _qk_shapes(nb: str, v: Mapping) -> Iterator[tuple[int, str]]:
         yield 5 * t * h * d * ELEMENT_BYTES[v["dtype"]], f"tokens {t} x heads {h} x head_dim {d}"
 
 
+def _tower_tokens(name: str, resolution: str, images: int) -> int:
+    from rope_kernels.towers import get_tower
+
+    return get_tower(name).tokens(resolution, images)
+
+
 def _encoder_buckets(v: Mapping) -> Iterator[tuple[int, str]]:
     from rope_kernels.encoder_config import EncoderConfig
     from rope_kernels.vocabulary import resolution_tokens
 
-    cfg = {"small": EncoderConfig.small, "kimi_k25": EncoderConfig.kimi_k25}[v["encoder"]]()
+    cfg = EncoderConfig.for_encoder(v["encoder"])
     per_token = (3 * cfg.hidden + cfg.mlp) * (ELEMENT_BYTES[v["dtype"]] + 4)
     by_resolution = v.get("image_counts_by_resolution") or {}
     for r in v["resolutions"]:
         for n in by_resolution.get(r, v["image_counts"]):
-            tokens = resolution_tokens(r) * n
+            # the main encoder's image rule: Kimi's, or its tower's (qwen3_vl, qwen25_vl)
+            tokens = _tower_tokens(cfg.tower, r, n) if cfg.tower else resolution_tokens(r) * n
             if tokens <= v["max_tokens"]:  # the notebook skips larger buckets
                 yield tokens * per_token, f"{n} images of {r} ({tokens} vision tokens)"
+    # the further towers (notebook 04's `towers`), each by its own image rule and width
+    tower_counts = v.get("tower_image_counts") or {}
+    for name in v.get("towers") or ():
+        tcfg = EncoderConfig.for_encoder(name)
+        per_token = (3 * tcfg.hidden + tcfg.mlp * (2 if tcfg.gated_mlp else 1)) * (ELEMENT_BYTES[v["dtype"]] + 4)
+        for r in v["resolutions"]:
+            if tower_counts and r not in tower_counts:
+                continue
+            for n in tower_counts.get(r, by_resolution.get(r, v["image_counts"])):
+                tokens = _tower_tokens(name, r, n)
+                if tokens <= v["max_tokens"]:
+                    yield tokens * per_token, f"{name}: {n} images of {r} ({tokens} vision tokens)"
 
 
 def working_set(nb: str, values: Mapping) -> tuple[int, str] | None:

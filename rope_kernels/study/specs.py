@@ -254,6 +254,32 @@ def _counts_by_resolution(v, kind) -> str | None:
 
 
 # -- cross-parameter checks ----------------------------------------------------------
+def _tower_item(v) -> str | None:
+    """A further vision tower notebook 04 times (``towers.TOWERS``; the catalogue is
+    importable without torch)."""
+    from rope_kernels.towers import TOWERS
+
+    if not isinstance(v, str) or v not in TOWERS:
+        return f"unknown tower {v!r}; known: {', '.join(TOWERS)}"
+    return None
+
+
+def _towers_rule(v, kind) -> str | None:
+    problem = list_of(_tower_item, allow_empty=True)(v, kind)
+    if problem:
+        return problem
+    repeated = sorted({n for n in v if list(v).count(n) > 1})
+    return f"names {', '.join(repeated)} more than once" if repeated else None
+
+
+def _towers_fit(values: Mapping[str, object], kind) -> str | None:
+    """04_ttft: ``towers`` are timed beside the main ``encoder``, not in its place."""
+    if values.get("encoder") in values.get("towers", []):
+        return (f"towers names the main encoder {values['encoder']!r}: it is timed already "
+                f"(towers are the further encoders)")
+    return None
+
+
 def _some_bucket_fits(values: Mapping[str, object], kind) -> str | None:
     """04_ttft: ``max_tokens`` must leave at least one (resolution, image count)
     bucket (with none left the notebook used to fail with an IndexError)."""
@@ -452,6 +478,13 @@ def _kimi_encoder(old):
     return pd.Series("kimi_k25", index=old.index)
 
 
+def _kimi_llm(old):
+    """TTFT rows that name no language model prefilled Kimi-K2.5's (the only one before issue 43)."""
+    import pandas as pd
+
+    return pd.Series("moonshotai/Kimi-K2.5", index=old.index)
+
+
 def _no_tower(old):
     """Rows from before the tower column named no tower (shapes given by hand)."""
     import pandas as pd
@@ -553,9 +586,13 @@ RESULT_FILES: dict[str, Table] = {
     # Time to first token per RoPE choice and encoder launch policy (prefill.ttft_rows):
     # notebook 04, or `python -m rope_kernels ttft` from a device's encoder_latency.csv
     # (the parallel columns: rows before issue 42 are one GPU's, their prefill one unchunked prefill)
-    TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "encoder_parallel",
-                                    "device_name"), added=TTFT_PARALLEL_COLUMNS,
-                                   derived={"encoder_parallel": _ONE_GPU["encoder_parallel"],
+    # (encoder joined the key with the Qwen towers' rows, issue 43: rows without it are Kimi-K2.5's,
+    # their prefill Kimi-K2.5's language model)
+    TIME_TO_FIRST_TOKEN_CSV: Table(("variant", "resolution", "images", "encoder_policy", "encoder",
+                                    "encoder_parallel", "device_name"),
+                                   added=TTFT_PARALLEL_COLUMNS + ("encoder", "prefill_llm"),
+                                   derived={"encoder": _kimi_encoder, "prefill_llm": _kimi_llm,
+                                            "encoder_parallel": _ONE_GPU["encoder_parallel"],
                                             "comm_ms": _ONE_GPU["comm_ms"], "comm_model": _ONE_GPU["comm_model"],
                                             "prefill_unchunked_ms": lambda old: old["prefill_ms"],
                                             "ttft_unchunked_ms": lambda old: old["ttft_ms"]}),
@@ -648,12 +685,23 @@ SPECS: dict[str, NotebookSpec] = {spec.name: spec for spec in (
         "sharded_buckets": Param({}, _counts_by_resolution),
         "sharded_variants": Param([], variant_names(allow_empty=True, extra=ENCODER_ONLY_ROPE), variants=True),
         "image_counts_by_resolution": Param({}, _counts_by_resolution),
+        # further vision towers (towers.TOWERS), timed after the main encoder on one GPU at its
+        # resolutions, eager and cudagraph as `modes`, rows keyed by their `encoder` name
+        "towers": Param([], _towers_rule),
+        "tower_variants": Param(["native", "fused", "fused_inplace", "none"],
+                                variant_names(allow_empty=False, extra=ENCODER_ONLY_ROPE), variants=True),
+        # resolution -> image counts the towers are timed at (of `resolutions`; empty: the main
+        # encoder's counts at every resolution)
+        "tower_image_counts": Param({}, _counts_by_resolution),
+        "tower_samples": Param(0, lambda v, kind: None if isinstance(v, int) and not isinstance(v, bool)
+                               and 0 <= v <= MAX_SAMPLES else
+                               f"must be from 0 (samples) to {MAX_SAMPLES}, got {v!r}"),
         "seed": Param(0, _seed_rule),
         "progress": Param(True),
         "data_dir": _DATA_DIR,
     }, writes=(ENCODER_LATENCY_CSV, TIME_TO_FIRST_TOKEN_CSV), delivers=ENCODER_LATENCY_CSV,
         shard=Shard("resolutions", lambda item: {"resolution": [resolution_text(item)]}),
-        checks=(_some_bucket_fits, _ttft_settings_fit)),
+        checks=(_some_bucket_fits, _ttft_settings_fit, _towers_fit)),
     NotebookSpec("05_qkv_gemm", {
         "device": _DEVICE,
         "qkv_tokens": Param([37], _qkv_tokens_rule),

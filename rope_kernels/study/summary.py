@@ -178,8 +178,9 @@ def all_devices(data_root: Path, device_folders: str = "all") -> pd.DataFrame:
     tracks: the same table on every clone, what nbval compares; every folder when
     the tree has no git)."""
     micro = load_device_tables(data_root, MICROBENCH_CSV, device_folders)
-    from rope_kernels.encoder_parallel import one_gpu_rows
-    ttft = one_gpu_rows(load_device_tables(data_root, ENCODER_LATENCY_CSV, device_folders))
+    from rope_kernels.encoder_parallel import kimi_encoder_rows, one_gpu_rows
+    # Kimi's encoder on one GPU (the further towers' rows: notebook 04's "Other vision towers")
+    ttft = kimi_encoder_rows(one_gpu_rows(load_device_tables(data_root, ENCODER_LATENCY_CSV, device_folders)))
     pr = read_table(PR_TABLE) if PR_TABLE.exists() else None
     folders = sorted(set(micro.get("device_folder", pd.Series(dtype=str)))
                      | set(ttft.get("device_folder", pd.Series(dtype=str))))

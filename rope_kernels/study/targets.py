@@ -256,8 +256,8 @@ def load_tables(device_dir: Path, pr_table: Path | None = PR_TABLE_CSV) -> dict[
         if "rotation" in rows.columns:  # the targets are Kimi's: interleaved pairs (issue 43)
             rows = rows[rows["rotation"].fillna("pairs") == "pairs"]
         if table == "encoder":  # the targets judge the whole encoder on one GPU (not tp8/dp8 shards)
-            from rope_kernels.encoder_parallel import one_gpu_rows
-            rows = one_gpu_rows(rows)
+            from rope_kernels.encoder_parallel import kimi_encoder_rows, one_gpu_rows
+            rows = kimi_encoder_rows(one_gpu_rows(rows))  # Kimi's (the towers' rows: notebook 04)
         out[table] = rows
     out["pr_table"] = read_table(pr_table, required=PR_TABLE_COLUMNS) \
         if pr_table is not None and Path(pr_table).exists() else pd.DataFrame()
