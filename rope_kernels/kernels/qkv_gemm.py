@@ -485,15 +485,20 @@ class QKVGemmConfig:
 NVIDIA_TABLE_CONFIG = QKVGemmConfig()
 NVIDIA_ANGLES_CONFIG = QKVGemmConfig(group_m=16, persistent=True, programs_per_sm=2,
                                      epilogue_parts=8)
+# rotate-half (the table with ``_rotate_half_columns``): pointer loads and stores, and 8 warps:
+# the column map's addresses on top of the pointer path's spill at 4 warps at sm_90
+# (``compile_matrix``), not at 8; not timed yet
+NVIDIA_HALF_CONFIG = QKVGemmConfig(num_warps=8, use_tma=False)
 
 
 def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2, *, angles: bool = False,
-                    amd: bool | None = None) -> QKVGemmConfig:
+                    amd: bool | None = None, rotation: str = "pairs") -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
     NVIDIA GPUs: ``NVIDIA_ANGLES_CONFIG`` for the angles path, ``NVIDIA_TABLE_CONFIG``
-    for the table (see there); measured at Kimi's shape only. AMD GPUs (``amd``; None:
+    for the table (see there); measured at Kimi's shape only; ``NVIDIA_HALF_CONFIG`` for
+    the table's ``rotation="half"``. AMD GPUs (``amd``; None:
     ROCm builds of torch): 128x128x64 tiles on 8 warps, 2 stages (the operand buffers fill
     the 64 KB of LDS of MI300X/MI250 exactly), one program per tile: 96 registers, no
     spills at gfx942/gfx90a (``compile_matrix``); not measured on an AMD GPU.
@@ -507,6 +512,8 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
         return QKVGemmConfig(num_stages=2, num_warps=8)
+    if check_rotation(rotation) == "half":
+        return NVIDIA_HALF_CONFIG
     return NVIDIA_ANGLES_CONFIG if angles else NVIDIA_TABLE_CONFIG
 
 
@@ -652,7 +659,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, co
     tokens, hidden = x.shape
     angles = rotation is _rope_angles
     if config is None:
-        config = qkv_gemm_config(heads, head_dim, x.device, x.element_size(), angles=angles)
+        config = qkv_gemm_config(heads, head_dim, x.device, x.element_size(), angles=angles,
+                                 rotation="pairs" if columns is _same_columns else "half")
     elif not isinstance(config, QKVGemmConfig):
         raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
     shape = (tokens, 3, heads, head_dim)
