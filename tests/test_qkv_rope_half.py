@@ -145,3 +145,28 @@ def test_bad_rotation_and_pairs_only_backends_are_refused():
         qkv_rope_linear(x, w, b, ops.cos, ops.sin, heads=HEADS, rotation="half",
                         config=QKVGemmConfig(block_m=16, block_n=16, block_k=16,
                                              num_stages=1, use_tma=True))
+
+
+def test_correctness_sweep_checks_the_triton_mode_in_rotate_half(monkeypatch):
+    """Notebook 01's correctness rows (rotations pairs and half): the Triton QKV mode is
+    checked in rotate-half against float64 (through 'triton_table'), the CuTe one says it
+    is pairs-only; the half check can fail (the pairs rotation in its place fails it)."""
+    import rope_kernels.qkv as qkv
+    from rope_kernels.bench.correctness_sweep import encoder_mode_rows
+
+    shape = [[7, 2, 72]]
+    rows = encoder_mode_rows("gemm_epilogue", [torch.bfloat16], shape, device="cpu",
+                             rotations=("pairs", "half"))
+    assert [r["rotation"] for r in rows] == ["pairs", "half"]
+    for r in rows:
+        assert r["supported"] and r["passed"] and r["inputs_intact"], r
+        assert 0 < r["max_abs_err"] <= r["tolerance"]
+    assert "triton_table" in rows[1]["reason"]
+    [cute] = encoder_mode_rows("gemm_epilogue_cute", [torch.bfloat16], shape, device="cpu",
+                               rotations=("half",))
+    assert not cute["supported"] and "pairs only" in cute["reason"]
+    real = qkv.qkv_rope
+    monkeypatch.setattr(qkv, "qkv_rope", lambda *a, **kw: real(*a, **{**kw, "rotation": "pairs"}))
+    [wrong] = encoder_mode_rows("gemm_epilogue", [torch.bfloat16], shape, device="cpu",
+                                rotations=("half",))
+    assert wrong["supported"] and not wrong["passed"] and wrong["max_abs_err"] > wrong["tolerance"]
