@@ -506,13 +506,14 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     tile count and size, not with the GEMM's efficiency)."""
     check_positive_int("heads", heads)
     check_positive_int("head_dim", head_dim)
+    half = check_rotation(rotation) == "half"
     if device.type == "cpu":
         return QKVGemmConfig(block_m=32, block_n=64, block_k=32, group_m=1, num_stages=1)
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
         return QKVGemmConfig(num_stages=2, num_warps=8)
-    if check_rotation(rotation) == "half":
+    if half:
         return NVIDIA_HALF_CONFIG
     return NVIDIA_ANGLES_CONFIG if angles else NVIDIA_TABLE_CONFIG
 
