@@ -721,7 +721,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, co
                 HAS_BIAS=bias is not None, ROTATION=rotation, FAST=fast,
                 EPILOGUE_PARTS=config.epilogue_parts, USE_TMA=use_tma,
                 INTERPRETED=triton_interpreter_enabled(), INTERLEAVED=interleaved,
-                CS_VEC=cs_vec, COLUMNS=columns, num_warps=config.num_warps, num_stages=config.num_stages)
+                CS_VEC=cs_vec, COLUMNS=columns, num_warps=config.num_warps,
+                num_stages=config.num_stages)
     if config.persistent:
         programs = min(num_tiles, config.programs_per_sm * _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
