@@ -135,8 +135,10 @@ pd.DataFrame(peer_status())[["name", "available", "package", "version", "origin"
 # %% [markdown]
 # Every registered variant against float64 on every dtype and shape, every encoder-only RoPE
 # mode notebook 4 times (the QKV projection with q and k rotated in its epilogue, its
-# rotation-free floor, checked at the encoder's head_dim 72; `none` has nothing to check), and
-# every peer or mode that cannot run here, recorded with the reason (not run) instead of left out:
+# rotation-free floor, checked at the encoder's head_dim 72; `none` has nothing to check; in
+# rotate-half the Triton QKV kernel reads cos/sin from the table, the CuTe and QuACK ones rotate
+# pairs only), and every peer or mode that cannot run here, recorded with the reason (not run)
+# instead of left out:
 
 # %%
 correctness = pd.DataFrame(correctness_rows(variants, dtypes, shapes, device=dev, seed=seed,

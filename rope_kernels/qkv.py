@@ -11,7 +11,24 @@ Backends:
 - ``"triton_table"``: the same kernel reading cos/sin from the table (``freqs_cis``).
 - ``"quack"``: QuACK's GEMM with its mRoPE epilogue (``peers/quack_gemm.py``), where
   QuACK is installed and runs.
-- ``"auto"``: ``"cute"`` where it runs, else ``"triton"``.
+- ``"auto"``: ``"cute"`` where it runs, else ``"triton"``; for ``rotation="half"``,
+  ``"triton_table"``.
+
+``rotation``: ``"pairs"`` (Kimi's interleaved x[2j], x[2j+1]; every backend) or ``"half"``
+(Qwen's rotate-half, x[j] with x[j + D/2]; ``"triton_table"`` only). Column j of the cos/sin
+table is pair j's angle in both. An N tile is ``block_n`` consecutive columns across head
+boundaries, so a rotate-half partner (D/2 = 36 or 40 columns away) is mostly in another part
+of the tile or in another tile. Rotate-half is the pairs rotation up to a fixed permutation
+of each q and k head's columns (column j + r*D/2 placed at 2j + r), so ``"half"`` is the
+same pairs epilogue with one more composed function, the kernel's column map
+(``qkv_gemm._rotate_half_columns``): tile column ``h*D + 2j + r`` loads W's row (and the
+bias entry) ``h*D + j + r*D/2`` and is stored to that output column. Every pair then sits
+in two adjacent columns of one store, whatever the tile's alignment to the heads, and the
+packed qkv comes back in the model's own layout. Nothing is permuted or cached per weight:
+W is gathered row by row as the kernel reads it (pointer loads and stores; TMA boxes
+cannot gather), so the promise below holds for "half" too. The angles-in-kernel
+backends (``"triton"``, ``"cute"``) compute Kimi's 2D frequencies and ``"quack"`` runs
+Kimi's mRoPE: they are pairs-only and refuse ``"half"``.
 
 ``operands`` (``qkv_rope_operands``) holds what depends on the tokens' positions and
 the frequencies only, built once per forward and shared by every layer: the patch
@@ -32,7 +49,7 @@ import torch
 
 from rope_kernels.kernels import qkv_cute, qkv_gemm
 from rope_kernels.kernels.checks import (check_no_autograd, check_positive_int,
-                                         check_qkv_operands, check_qkv_out)
+                                         check_qkv_operands, check_qkv_out, check_rotation)
 from rope_kernels.kernels.freqs import vision_rope_frequencies
 from rope_kernels.kernels.reference import cos_sin_views
 from rope_kernels.peers import quack_gemm
@@ -61,10 +78,17 @@ class QKVRopeOperands:
         return self.coords.shape[0]
 
 
-def resolve_backend(backend: str, device) -> str:
-    """The backend ``qkv_rope`` runs for ``backend`` on ``device`` ("auto" resolved)."""
+def resolve_backend(backend: str, device, rotation: str = "pairs") -> str:
+    """The backend ``qkv_rope`` runs for ``backend`` on ``device`` ("auto" resolved;
+    ``rotation="half"``: "triton_table", the one backend that rotates halves)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if check_rotation(rotation) == "half":
+        if backend not in ("auto", "triton_table"):
+            raise ValueError(f"backend {backend!r} rotates Kimi's interleaved pairs only "
+                             "(rotation='pairs'); rotation='half' runs on 'triton_table' "
+                             "(cos/sin from freqs_cis) or 'auto'")
+        return "triton_table"
     if backend == "auto":
         return "cute" if qkv_cute.availability(device)[0] else "triton"
     return backend
@@ -72,12 +96,13 @@ def resolve_backend(backend: str, device) -> str:
 
 def qkv_rope_operands(coords: torch.Tensor, *, heads: int, head_dim: int,
                       theta: float = 10000.0, freqs_cis: torch.Tensor | None = None,
-                      backend: str = "auto") -> QKVRopeOperands:
+                      backend: str = "auto", rotation: str = "pairs") -> QKVRopeOperands:
     """Build ``qkv_rope``'s operands once per forward (every layer shares them).
 
     ``coords``: int32 (T, 2) patch (row, column) of each token (``vision_patch_coords``);
     ``theta``: Kimi's RoPE base; ``freqs_cis``: complex (T, D/2), needed only by
-    ``"triton_table"`` (its cos/sin views are the table)."""
+    ``"triton_table"`` (its cos/sin views are the table); ``rotation``: resolves
+    ``"auto"`` as ``qkv_rope`` will (``resolve_backend``)."""
     check_positive_int("heads", heads)
     check_positive_int("head_dim", head_dim)
     if head_dim % 4:
@@ -85,7 +110,7 @@ def qkv_rope_operands(coords: torch.Tensor, *, heads: int, head_dim: int,
     if not isinstance(coords, torch.Tensor) or coords.dtype != torch.int32 \
             or coords.dim() != 2 or coords.shape[1] != 2:
         raise ValueError("coords must be an int32 (tokens, 2) tensor of patch (row, column)")
-    backend = resolve_backend(backend, coords.device)
+    backend = resolve_backend(backend, coords.device, rotation)
     coords = coords.contiguous()
     freqs = vision_rope_frequencies(head_dim, theta=theta, device=coords.device)
     cos = sin = turns = quack_ops = None
@@ -106,7 +131,7 @@ def qkv_rope_operands(coords: torch.Tensor, *, heads: int, head_dim: int,
 def qkv_rope(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
              operands: QKVRopeOperands | torch.Tensor, *, heads: int, head_dim: int,
              backend: str = "auto", epilogue: str = "rope", config=None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, rotation: str = "pairs") -> torch.Tensor:
     """Packed qkv (T, 3, H, D) = ``rope(x @ w^T + b)`` (``epilogue="none"``: not rotated).
 
     Args:
@@ -120,6 +145,8 @@ def qkv_rope(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
         config: the backend's launch settings (``CuteQKVConfig``, ``QKVGemmConfig``, or a
             ``quack_gemm.QUACK_CONFIGS`` name); None: the backend's default.
         out: optional (T, 3, H, D) contiguous output sharing no memory with an input.
+        rotation: ``"pairs"`` (Kimi) or ``"half"`` (Qwen's rotate-half: ``"triton_table"``
+            or ``"auto"`` only; the others refuse it, see the module docstring).
     """
     check_positive_int("heads", heads)
     check_positive_int("head_dim", head_dim)
@@ -127,7 +154,7 @@ def qkv_rope(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
         raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    backend = resolve_backend(backend, x.device)
+    backend = resolve_backend(backend, x.device, rotation)
     if isinstance(operands, torch.Tensor):
         operands = qkv_rope_operands(operands, heads=heads, head_dim=head_dim, backend=backend)
     if not isinstance(operands, QKVRopeOperands):
@@ -155,7 +182,7 @@ def qkv_rope(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
             raise ValueError("backend 'triton_table' needs operands built with "
                              "backend='triton_table' and freqs_cis")
         return qkv_gemm.qkv_rope_linear(x, w, b, operands.cos, operands.sin, heads=heads,
-                                        config=config, out=out)
+                                        config=config, out=out, rotation=rotation)
     if backend == "cute":
         if operands.pair_turns is None:
             raise ValueError("backend 'cute' needs operands built with backend='cute' (or 'auto' "

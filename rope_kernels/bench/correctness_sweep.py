@@ -49,8 +49,8 @@ def sweep_names(names, status: list[dict]) -> list[str]:
     return list(names) or list(VARIANTS) + absent + list(ENCODER_ONLY_ROPE)
 
 
-def _row(name, tokens, heads, head_dim, dtype, **fields) -> dict:
-    base = dict(variant=name, tokens=tokens, heads=heads, head_dim=head_dim,
+def _row(name, tokens, heads, head_dim, dtype, rotation="pairs", **fields) -> dict:
+    base = dict(variant=name, tokens=tokens, heads=heads, head_dim=head_dim, rotation=rotation,
                 dtype=str(dtype).removeprefix("torch."), packed=True, max_abs_err=math.nan,
                 rel_err=math.nan, native_max_abs_err=math.nan, tolerance=math.nan,
                 inputs_intact=True, passed=False, supported=False)
@@ -58,7 +58,7 @@ def _row(name, tokens, heads, head_dim, dtype, **fields) -> dict:
 
 
 def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = None,
-                      why_absent: str = "") -> list[dict]:
+                      why_absent: str = "", rotations=("pairs",)) -> list[dict]:
     """Rows of encoder-only RoPE mode ``mode`` on every dtype and shape: a QKV-epilogue mode
     (``model.vit.GEMM_EPILOGUE_MODES``) is ``qkv.qkv_rope`` with the mode's backend and
     epilogue on x (T, hidden), W, b drawn fresh (hidden: heads x head_dim rounded up to 64,
@@ -68,7 +68,10 @@ def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = N
     encoder's head_dim (Kimi's 72) only: the CuTe and QuACK kernels compile once per weight
     shape, and the encoder runs no other. ``none`` (no RoPE), modes absent here
     (``why_absent``), other head_dims and dtypes the GEMM does not take get a row saying why
-    (not run)."""
+    (not run). Each shape in each of ``rotations``: in ``"half"`` (Qwen's rotate-half, also
+    at head_dim 72: Qwen3-VL's) the Triton mode's kernel runs as ``qkv_rope`` backend
+    ``"triton_table"`` (the one that rotates halves: its angles-in-kernel path is Kimi's);
+    the CuTe and QuACK modes are pairs-only (a row says so)."""
     import torch
 
     from rope_kernels.bench import qkv_bench as qb
@@ -80,8 +83,8 @@ def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = N
 
     rows = []
     for dt in dtypes:
-        for tokens, heads, head_dim in shapes:
-            at = (mode, tokens, heads, head_dim, dt)
+        for (tokens, heads, head_dim), rotation in ((sh, r) for sh in shapes for r in rotations):
+            at = (mode, tokens, heads, head_dim, dt, rotation)
             if why_absent:
                 rows.append(_row(*at, reason=ABSENT + why_absent))
                 continue
@@ -97,15 +100,25 @@ def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = N
                 rows.append(_row(*at, reason="the QKV GEMM takes bfloat16/float16 only"))
                 continue
             backend, epilogue = GEMM_EPILOGUE_MODES[mode]
+            note = "" if epilogue == "rope" else \
+                "rotation compiled out: checked against the plain projection"
+            if rotation == "half" and epilogue == "rope":
+                if backend != "triton":
+                    rows.append(_row(*at, reason=f"rotates Kimi's interleaved pairs only: qkv_rope "
+                                                 f"backend {backend!r} refuses rotation='half'"))
+                    continue
+                backend, note = "triton_table", "rotate-half: the Triton kernel reading cos/sin " \
+                                                "(qkv_rope backend 'triton_table')"
             hidden = -(-heads * head_dim // 64) * 64
             s = new_seed() if seed is None else seed
             a = qb.make_args(tokens, hidden, heads, head_dim, device, seed=s, dtype=dt)
             before = [a[k].clone() for k in ("x", "w", "b")]
-            ops = qkv_rope_operands(a["coords"], heads=heads, head_dim=head_dim, backend=backend)
+            ops = qkv_rope_operands(a["coords"], heads=heads, head_dim=head_dim, backend=backend,
+                                    freqs_cis=a["freqs_cis"])
             with torch.no_grad():
                 out = qkv_rope(a["x"], a["w"], a["b"], ops, heads=heads, head_dim=head_dim,
-                               backend=backend, epilogue=epilogue)
-            rotated, unrotated, scale = qb.references(a, heads, head_dim)
+                               backend=backend, epilogue=epilogue, rotation=rotation)
+            rotated, unrotated, scale = qb.references(a, heads, head_dim, rotation)
             reference, native = rotated if epilogue == "rope" else unrotated
             checked = qb._error(out, reference, native, scale)
             intact = all(torch.equal(t, a[k]) for t, k in zip(before, ("x", "w", "b")))
@@ -115,9 +128,7 @@ def encoder_mode_rows(mode: str, dtypes, shapes, *, device, seed: int | None = N
             rows.append(_row(*at, max_abs_err=checked["max_abs_err"], rel_err=rel,
                              native_max_abs_err=native, tolerance=checked["error_tolerance"],
                              inputs_intact=intact, passed=checked["matches_float64"] and intact,
-                             supported=True, seed=s,
-                             reason="" if epilogue == "rope" else
-                             "rotation compiled out: checked against the plain projection"))
+                             supported=True, seed=s, reason=note))
     return rows
 
 
@@ -144,7 +155,8 @@ def correctness_rows(names, dtypes, shapes, *, device, seed: int | None = None,
     for name in names:
         if name in ENCODER_ONLY_ROPE:
             rows += encoder_mode_rows(name, dts, shapes, device=device, seed=seed,
-                                      why_absent=modes_absent.get(name, ""))
+                                      why_absent=modes_absent.get(name, ""),
+                                      rotations=rotations)
             continue
         if name in absent and name not in VARIANTS:
             rows += absent_rows([absent[name]], dts, shapes, rotations)

@@ -191,16 +191,17 @@ def _error(out, reference, native_error: float, scale: float) -> dict:
             "matches_float64": bool(err <= tol)}
 
 
-def references(a: dict, heads: int, head_dim: int):
+def references(a: dict, heads: int, head_dim: int, rotation: str = "pairs"):
     """(rotated, unrotated) float64 references as (q, k, v), the native path's error
-    against each, and the references' largest magnitude."""
+    against each, and the references' largest magnitude; q and k rotated in ``rotation``
+    (the native path: Kimi's, or Qwen's rotate-half)."""
     tokens = a["x"].shape[0]
     lin64 = (a["x"].double() @ a["w"].double().T + a["b"].double()).view(tokens, 3, heads,
                                                                           head_dim)
-    q64, k64 = rope_reference(lin64[:, 0], lin64[:, 1], a["freqs_cis"])
+    q64, k64 = rope_reference(lin64[:, 0], lin64[:, 1], a["freqs_cis"], rotation)
     rotated, unrotated = (q64, k64, lin64[:, 2]), tuple(lin64.unbind(1))
     lin = F.linear(a["x"], a["w"], a["b"]).view(tokens, 3, heads, head_dim)
-    nq, nk = native_rope(lin[:, 0], lin[:, 1], a["freqs_cis"])
+    nq, nk = native_rope(lin[:, 0], lin[:, 1], a["freqs_cis"], rotation)
     native_rot = max((o.double() - r).abs().max().item()
                      for o, r in zip((nq, nk, lin[:, 2]), rotated))
     native_lin = max((o.double() - r).abs().max().item() for o, r in zip(lin.unbind(1), unrotated))

@@ -13,6 +13,18 @@ The file in named pieces, like Triton's persistent-matmul tutorial:
    Kimi's pairs are adjacent columns (2j, 2j+1), so a pair never straddles a tile and
    splitting it off is free in registers. Rows of W past 3HD (the last tile of a
    shape that does not fill it) load as zeros and their columns are not stored.
+   **Rotate-half** (Qwen: x[j] with x[j + D/2], ``rotation="half"``): the partner is D/2
+   columns away (36 or 40 at Qwen's 72 and 80), mostly in another part of the tile or
+   another tile, for any block_n, since tiles are powers of two and heads are not. It is
+   the pairs rotation up to a fixed permutation of each q and k head's columns, so the
+   kernel composes one more function, ``COLUMNS``, the tile's column map:
+   ``_rotate_half_columns`` makes tile column ``h*D + 2j + r`` W's row (and the bias
+   entry, and the output column) ``h*D + j + r*D/2``; ``_same_columns`` (pairs) is the
+   identity. The tile then holds each rotate-half pair in two adjacent columns, in the
+   same store, at every tile/head alignment, the pairs epilogue rotates it unchanged
+   (cos/sin column j is pair j's angle either way), and the store writes the model's own
+   layout. W is gathered as it is read (no permuted copy, nothing cached per weight), with
+   pointer loads and stores: TMA boxes cannot gather rows or scatter columns.
 2. **Loads and stores** (``_load_x``, ``_load_w``, ``_store_cols``): the only code that
    differs between TMA descriptors (Hopper and newer, and the interpreter) and masked
    pointers (AMD, pre-Hopper, strides TMA cannot take).
@@ -45,7 +57,7 @@ import triton.language as tl
 
 from rope_kernels.kernels.checks import (check_no_autograd, check_patch_coords,
                                          check_positive_int, check_qkv_operands, check_qkv_out,
-                                         check_triton_device)
+                                         check_rotation, check_triton_device)
 from rope_kernels.kernels.switches import triton_interpreter_enabled
 from rope_kernels.kernels.fused import cos_sin_vector, interleaved_cos_sin
 
@@ -70,22 +82,25 @@ def _load_x(x, m0, k0, n_tokens, x_stride_t, HIDDEN: tl.constexpr, BLOCK_M: tl.c
 
 @triton.jit
 def _load_w(w, n0, k0, w_stride_n, N_COLS: tl.constexpr, HIDDEN: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+            COLUMNS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """W[n0:n0+BLOCK_N, k0:k0+BLOCK_K], zeros past its N_COLS rows and past HIDDEN (the
-    descriptor's bounds do the same)."""
+    descriptor's bounds do the same); tile row n is W's row ``COLUMNS(n)`` (pointers only:
+    the launcher uses TMA for ``_same_columns`` alone)."""
     if USE_TMA:
         b = w.load([n0, k0])
     else:
         rows = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         ks = k0 + tl.arange(0, BLOCK_K)
-        b = tl.load(w + rows[:, None] * w_stride_n + ks[None, :],
+        b = tl.load(w + COLUMNS(rows, HEADS, HEAD_DIM)[:, None] * w_stride_n + ks[None, :],
                     mask=(rows < N_COLS)[:, None] & (ks < HIDDEN)[None, :], other=0.0)
     return b
 
 
 @triton.jit
 def _store_cols(out, y, m0, col0, n_tokens, out_stride_t, N_COLS: tl.constexpr,
-                BLOCK_M: tl.constexpr, COLS: tl.constexpr, USE_TMA: tl.constexpr):
+                BLOCK_M: tl.constexpr, COLS: tl.constexpr, USE_TMA: tl.constexpr,
+                COLUMNS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """y (BLOCK_M, COLS) to out[m0:, col0:] of the (T, 3H x D) output, clipped to the
     tokens and the row."""
     if USE_TMA:
@@ -94,8 +109,25 @@ def _store_cols(out, y, m0, col0, n_tokens, out_stride_t, N_COLS: tl.constexpr,
         tokens = m0 + tl.arange(0, BLOCK_M).to(tl.int64)
         cols = col0 + tl.arange(0, COLS)
         mask = (tokens < n_tokens)[:, None] & (cols < N_COLS)[None, :]
-        tl.store(out + tokens[:, None] * out_stride_t + cols[None, :],
+        tl.store(out + tokens[:, None] * out_stride_t
+                 + COLUMNS(cols, HEADS, HEAD_DIM)[None, :],
                  y.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _same_columns(n, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The tile's columns are the output's (and W's rows): the pairs layout."""
+    return n
+
+
+@triton.jit
+def _rotate_half_columns(n, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rotate-half: q's and k's tile column ``h*D + 2j + r`` is the model's column
+    ``h*D + j + r*D/2`` (pair j's two members adjacent in the tile); v's columns and
+    those past the row map to themselves."""
+    i = n % HEAD_DIM
+    moved = n - i + i // 2 + (i % 2) * (HEAD_DIM // 2)
+    return tl.where(n < 2 * HEADS * HEAD_DIM, moved, n)
 
 
 # --------------------------------------------------------------------------
@@ -116,12 +148,14 @@ def _dot(a, b, acc, INTERPRETED: tl.constexpr):
 @triton.jit
 def _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, N_COLS: tl.constexpr,
               HIDDEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
+              BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr,
+              COLUMNS: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """fp32 (BLOCK_M, BLOCK_N) = x tile @ W tile^T over all of HIDDEN."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(HIDDEN, BLOCK_K)):
         a = _load_x(x, m0, ki * BLOCK_K, n_tokens, x_stride_t, HIDDEN, BLOCK_M, BLOCK_K, USE_TMA)
-        b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, N_COLS, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA)
+        b = _load_w(w, n0, ki * BLOCK_K, w_stride_n, N_COLS, HIDDEN, BLOCK_N, BLOCK_K, USE_TMA,
+                    COLUMNS, HEADS, HEAD_DIM)
         acc = _dot(a, b, acc, INTERPRETED)
     return acc
 
@@ -244,7 +278,7 @@ def _epilogue_parts(x, col0, out, m0, n_tokens, out_stride_t, cos_ptr, sin_ptr, 
                     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     COLS: tl.constexpr, STORE_COLS: tl.constexpr, ROTATION: tl.constexpr,
                     FAST: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
-                    USE_TMA: tl.constexpr):
+                    USE_TMA: tl.constexpr, COLUMNS: tl.constexpr):
     """COLS columns from col0, rotated and stored STORE_COLS at a time, in column order
     (halves, recursively): fewer registers live at once."""
     if COLS == STORE_COLS:
@@ -252,17 +286,17 @@ def _epilogue_parts(x, col0, out, m0, n_tokens, out_stride_t, cos_ptr, sin_ptr, 
                      cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS, HEAD_DIM,
                      BLOCK_M, COLS, FAST, INTERLEAVED, CS_VEC)
         _store_cols(out, y, m0, col0, n_tokens, out_stride_t, 3 * HEADS * HEAD_DIM, BLOCK_M,
-                    COLS, USE_TMA)
+                    COLS, USE_TMA, COLUMNS, HEADS, HEAD_DIM)
     else:
         xa, xb = _col_halves(x, BLOCK_M, COLS)
         _epilogue_parts(xa, col0, out, m0, n_tokens, out_stride_t, cos_ptr, sin_ptr,
                         coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t,
                         sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, COLS // 2, STORE_COLS,
-                        ROTATION, FAST, INTERLEAVED, CS_VEC, USE_TMA)
+                        ROTATION, FAST, INTERLEAVED, CS_VEC, USE_TMA, COLUMNS)
         _epilogue_parts(xb, col0 + COLS // 2, out, m0, n_tokens, out_stride_t, cos_ptr,
                         sin_ptr, coords_ptr, freqs_ptr, cos_stride_t, cos_stride_d,
                         sin_stride_t, sin_stride_d, HEADS, HEAD_DIM, BLOCK_M, COLS // 2,
-                        STORE_COLS, ROTATION, FAST, INTERLEAVED, CS_VEC, USE_TMA)
+                        STORE_COLS, ROTATION, FAST, INTERLEAVED, CS_VEC, USE_TMA, COLUMNS)
 
 
 # --------------------------------------------------------------------------
@@ -291,6 +325,7 @@ def _qkv_tile(
     GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATION: tl.constexpr,
     FAST: tl.constexpr, EPILOGUE_PARTS: tl.constexpr, USE_TMA: tl.constexpr,
     INTERPRETED: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+    COLUMNS: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) output tile: mainloop, bias, then the epilogue's parts."""
     N_COLS: tl.constexpr = 3 * HEADS * HEAD_DIM
@@ -299,13 +334,13 @@ def _qkv_tile(
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
     acc = _mainloop(x, w, m0, n0, n_tokens, x_stride_t, w_stride_n, N_COLS, HIDDEN, BLOCK_M,
-                    BLOCK_N, BLOCK_K, USE_TMA, INTERPRETED)
-    if HAS_BIAS:  # fp32, zero-padded to whole tiles by the launcher
-        acc += tl.load(bias_ptr + n0 + tl.arange(0, BLOCK_N))[None, :]
+                    BLOCK_N, BLOCK_K, USE_TMA, INTERPRETED, COLUMNS, HEADS, HEAD_DIM)
+    if HAS_BIAS:  # fp32, zero-padded to whole tiles by the launcher (COLUMNS keeps the pad)
+        acc += tl.load(bias_ptr + COLUMNS(n0 + tl.arange(0, BLOCK_N), HEADS, HEAD_DIM))[None, :]
     _epilogue_parts(acc, n0, out, m0, n_tokens, out_stride_t, cos_ptr, sin_ptr, coords_ptr,
                     freqs_ptr, cos_stride_t, cos_stride_d, sin_stride_t, sin_stride_d, HEADS,
                     HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_N // EPILOGUE_PARTS, ROTATION, FAST,
-                    INTERLEAVED, CS_VEC, USE_TMA)
+                    INTERLEAVED, CS_VEC, USE_TMA, COLUMNS)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -321,13 +356,14 @@ def _qkv_rope_kernel(
     ROTATION: tl.constexpr,  # _rope_table, _rope_angles or _no_rotation
     FAST: tl.constexpr, EPILOGUE_PARTS: tl.constexpr, USE_TMA: tl.constexpr,
     INTERPRETED: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+    COLUMNS: tl.constexpr,  # _same_columns (pairs) or _rotate_half_columns
 ):
     """One program per output tile."""
     _qkv_tile(tl.program_id(0), x, w, out, bias_ptr, cos_ptr, sin_ptr, coords_ptr, freqs_ptr,
               n_tokens, x_stride_t, w_stride_n, out_stride_t, cos_stride_t, cos_stride_d,
               sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_K,
               GROUP_M, HAS_BIAS, ROTATION, FAST, EPILOGUE_PARTS, USE_TMA, INTERPRETED,
-              INTERLEAVED, CS_VEC)
+              INTERLEAVED, CS_VEC, COLUMNS)
 
 
 @triton.jit(do_not_specialize=["n_tokens", "num_programs"])
@@ -342,6 +378,7 @@ def _qkv_rope_kernel_persistent(
     GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ROTATION: tl.constexpr,
     FAST: tl.constexpr, EPILOGUE_PARTS: tl.constexpr, USE_TMA: tl.constexpr,
     INTERPRETED: tl.constexpr, INTERLEAVED: tl.constexpr, CS_VEC: tl.constexpr,
+    COLUMNS: tl.constexpr,
 ):
     """``num_programs`` programs stride over the tiles; the tile loop is flattened
     with the K loop, so the next tile's loads overlap this epilogue."""
@@ -351,7 +388,7 @@ def _qkv_rope_kernel_persistent(
                   n_tokens, x_stride_t, w_stride_n, out_stride_t, cos_stride_t, cos_stride_d,
                   sin_stride_t, sin_stride_d, HIDDEN, HEADS, HEAD_DIM, BLOCK_M, BLOCK_N,
                   BLOCK_K, GROUP_M, HAS_BIAS, ROTATION, FAST, EPILOGUE_PARTS, USE_TMA,
-                  INTERPRETED, INTERLEAVED, CS_VEC)
+                  INTERPRETED, INTERLEAVED, CS_VEC, COLUMNS)
 
 
 # --------------------------------------------------------------------------
@@ -448,15 +485,20 @@ class QKVGemmConfig:
 NVIDIA_TABLE_CONFIG = QKVGemmConfig()
 NVIDIA_ANGLES_CONFIG = QKVGemmConfig(group_m=16, persistent=True, programs_per_sm=2,
                                      epilogue_parts=8)
+# rotate-half (the table with ``_rotate_half_columns``): pointer loads and stores, and 8 warps:
+# the column map's addresses on top of the pointer path's spill at 4 warps at sm_90
+# (``compile_matrix``), not at 8; not timed yet
+NVIDIA_HALF_CONFIG = QKVGemmConfig(num_warps=8, use_tma=False)
 
 
 def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
                     element_size: int = 2, *, angles: bool = False,
-                    amd: bool | None = None) -> QKVGemmConfig:
+                    amd: bool | None = None, rotation: str = "pairs") -> QKVGemmConfig:
     """A documented heuristic, no autotuning at first call.
 
     NVIDIA GPUs: ``NVIDIA_ANGLES_CONFIG`` for the angles path, ``NVIDIA_TABLE_CONFIG``
-    for the table (see there); measured at Kimi's shape only. AMD GPUs (``amd``; None:
+    for the table (see there); measured at Kimi's shape only; ``NVIDIA_HALF_CONFIG`` for
+    the table's ``rotation="half"``. AMD GPUs (``amd``; None:
     ROCm builds of torch): 128x128x64 tiles on 8 warps, 2 stages (the operand buffers fill
     the 64 KB of LDS of MI300X/MI250 exactly), one program per tile: 96 registers, no
     spills at gfx942/gfx90a (``compile_matrix``); not measured on an AMD GPU.
@@ -464,12 +506,15 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     tile count and size, not with the GEMM's efficiency)."""
     check_positive_int("heads", heads)
     check_positive_int("head_dim", head_dim)
+    half = check_rotation(rotation) == "half"
     if device.type == "cpu":
         return QKVGemmConfig(block_m=32, block_n=64, block_k=32, group_m=1, num_stages=1)
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
         return QKVGemmConfig(num_stages=2, num_warps=8)
+    if half:
+        return NVIDIA_HALF_CONFIG
     return NVIDIA_ANGLES_CONFIG if angles else NVIDIA_TABLE_CONFIG
 
 
@@ -541,7 +586,7 @@ def _check_angles(x, w_qkv, b_qkv, coords, freqs, heads: int | None) -> tuple[in
 def qkv_rope_linear(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                     cos: torch.Tensor, sin: torch.Tensor, *, heads: int | None = None,
                     config: QKVGemmConfig | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, rotation: str = "pairs") -> torch.Tensor:
     """``rope(x @ w_qkv^T + b_qkv)`` in one kernel: packed qkv (T, 3, H, D), q and k rotated.
 
     Args:
@@ -554,11 +599,16 @@ def qkv_rope_linear(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | 
         config: launch settings; ``qkv_gemm_config`` by default.
         out: optional preallocated (T, 3, H, D) contiguous output sharing no memory
             with any input.
+        rotation: ``"pairs"`` (Kimi: x[2j] with x[2j+1]) or ``"half"`` (Qwen: x[j] with
+            x[j + D/2]); column j of cos/sin is pair j's angle in both. ``"half"`` runs the
+            kernel with ``_rotate_half_columns`` (module docstring, 1.) and pointer loads
+            and stores: ``config.use_tma=True`` is refused.
     No autograd: inputs that require grad are refused while grad mode is on.
     """
+    columns = _ROTATION_COLUMNS[check_rotation(rotation)]
     heads, head_dim = _check_cos_sin(x, w_qkv, b_qkv, cos, sin, heads)
     return _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, _rope_table, "qkv_rope_linear",
-                   cos=cos, sin=sin)
+                   cos=cos, sin=sin, columns=columns)
 
 
 def qkv_rope_linear_angles(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
@@ -599,14 +649,19 @@ def _tile_bias(b_qkv: torch.Tensor, block_n: int) -> torch.Tensor:
     return torch.nn.functional.pad(bias, (0, pad)) if pad else bias
 
 
+# each rotation's column map (the kernel's COLUMNS): the rotation epilogue is the pairs one
+_ROTATION_COLUMNS = {"pairs": _same_columns, "half": _rotate_half_columns}
+
+
 def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, cos=None,
-            sin=None, coords=None, freqs=None):
+            sin=None, coords=None, freqs=None, columns=_same_columns):
     """Checks that need the config, then one launch of the per-tile or persistent kernel."""
     check_no_autograd(what, x=x, w_qkv=w_qkv, b_qkv=b_qkv, cos=cos, sin=sin, freqs=freqs)
     tokens, hidden = x.shape
     angles = rotation is _rope_angles
     if config is None:
-        config = qkv_gemm_config(heads, head_dim, x.device, x.element_size(), angles=angles)
+        config = qkv_gemm_config(heads, head_dim, x.device, x.element_size(), angles=angles,
+                                 rotation="pairs" if columns is _same_columns else "half")
     elif not isinstance(config, QKVGemmConfig):
         raise TypeError(f"config must be a QKVGemmConfig, got {type(config).__name__}")
     shape = (tokens, 3, heads, head_dim)
@@ -623,6 +678,12 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, co
     out_rows = out.view(tokens, n_cols)
     bias = None if b_qkv is None else _tile_bias(b_qkv, config.block_n)
     use_tma = config.use_tma
+    if columns is not _same_columns:  # W's rows and out's columns gathered: pointers only
+        if use_tma:
+            raise ValueError("config.use_tma=True: rotation='half' reads W's rows and writes "
+                             "out's columns through a column map, which TMA boxes cannot; "
+                             "leave use_tma None or False")
+        use_tma = False
     if use_tma is None:
         use_tma = (tma_supported(x.device) and _tma_aligned(x, w_qkv, out_rows)
                    and config.store_columns * x.element_size() >= 16)
@@ -660,7 +721,8 @@ def _launch(x, w_qkv, b_qkv, heads, head_dim, config, out, rotation, what, *, co
                 HAS_BIAS=bias is not None, ROTATION=rotation, FAST=fast,
                 EPILOGUE_PARTS=config.epilogue_parts, USE_TMA=use_tma,
                 INTERPRETED=triton_interpreter_enabled(), INTERLEAVED=interleaved,
-                CS_VEC=cs_vec, num_warps=config.num_warps, num_stages=config.num_stages)
+                CS_VEC=cs_vec, COLUMNS=columns, num_warps=config.num_warps,
+                num_stages=config.num_stages)
     if config.persistent:
         programs = min(num_tiles, config.programs_per_sm * _num_sms(x.device))
         _qkv_rope_kernel_persistent[(programs,)](*args, programs, *strides, **meta)
