@@ -73,6 +73,9 @@ class Variant:
     rotations: tuple[str, ...] = ("pairs",)  # the rotations it implements (vocabulary.ROTATIONS)
     # (bf16/fp16, fp32) launches of a rotate-half call where they differ from pairs' (None: same)
     launches_half: tuple[int, int] | None = None
+    # its kernel takes cos/sin in the data's dtype (bf16 tables on bf16 data): the correctness
+    # yardstick is then native's error with the same rounded table (``correctness.check_variant``)
+    table_in_data_dtype: bool = False
 
     def rotation_kwargs(self, rotation: str = "pairs") -> dict:
         """What ``fn``/``packed_fn``/``head_dim_rule`` get for ``rotation``: nothing for a

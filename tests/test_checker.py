@@ -205,3 +205,37 @@ def test_correctness_rows_run_the_real_checks(device):
                             status=[])
     assert [r["variant"] for r in rows] == ["native", "fused_inplace"]
     assert all(r["passed"] and r["supported"] for r in rows)
+
+
+def _bf16_table_rope(xq, xk, freqs_cis, sign=1.0):
+    """Native RoPE handed cos/sin rounded to bf16 (as vLLM's bundled flash-attention rotary
+    takes them), optionally with the sine's sign flipped (a wrong kernel)."""
+    rounded = torch.complex(freqs_cis.real.bfloat16().float(), sign * freqs_cis.imag.bfloat16().float())
+    return native_rope(xq, xk, rounded)
+
+
+def test_a_kernel_given_a_bf16_table_is_judged_with_that_table_and_a_wrong_one_still_fails():
+    """A variant flagged ``table_in_data_dtype`` (its engine hands it cos/sin in the data's
+    dtype) is judged against native's error with the same rounded table: every draw passes
+    (with the fp32-table yardstick some draws fail by a hair); the same kernel rotating the
+    wrong way still fails, and an unflagged copy keeps the fp32-table yardstick."""
+    def good(xq, xk, f):
+        return _bf16_table_rope(xq, xk, f)
+
+    def wrong(xq, xk, f):
+        return _bf16_table_rope(xq, xk, f, sign=-1.0)
+
+    good.table_in_data_dtype = wrong.table_in_data_dtype = True
+    for seed in range(12):
+        res = check_variant(good, tokens=33, heads=2, head_dim=80, dtype=torch.bfloat16, seed=seed)
+        assert res.passed, res
+        assert not check_variant(wrong, tokens=33, heads=2, head_dim=80, dtype=torch.bfloat16,
+                                 seed=seed).passed
+
+    def plain(xq, xk, f):
+        return _bf16_table_rope(xq, xk, f)
+
+    flagged = check_variant(good, tokens=33, heads=2, head_dim=80, dtype=torch.bfloat16, seed=3)
+    unflagged = check_variant(plain, tokens=33, heads=2, head_dim=80, dtype=torch.bfloat16, seed=3)
+    assert flagged.max_abs_err == unflagged.max_abs_err
+    assert flagged.tolerance >= unflagged.tolerance

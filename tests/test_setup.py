@@ -180,10 +180,14 @@ def test_ci_runs_the_readme_test_command():
     ("node", "constraints.txt", None, "notebooks,test,peers"),
 ])
 def test_makefile_installs_each_stack_with_its_pins(tmp_path, stack, constraints, torch_spec, extras):
-    """``make -n``: the commands the install would run, nothing run."""
+    """``make -n``: the commands the install would run, nothing run. The make that runs
+    these tests (``make test-newest`` sets CONSTRAINTS and TORCH_SPEC on its command line)
+    must not hand its variables down: MAKEFLAGS and friends are left out."""
     venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL",
+                                                            "MAKEOVERRIDES")}
     out = subprocess.run(["make", "-n", f"{venv}/.installed", f"VENV={venv}", f"STACK={stack}"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                         cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     pip = [line for line in out.splitlines() if " -m pip install" in line]
     assert all(f"-c {constraints} " in line for line in pip), pip
     assert (torch_spec is None) == (len(pip) == 1)
@@ -194,7 +198,8 @@ def test_makefile_installs_each_stack_with_its_pins(tmp_path, stack, constraints
         assert "--system-site-packages" in out  # the node's own PyTorch and Triton
     index = subprocess.run(["make", "-n", f"{venv}/.installed", f"VENV={venv}",
                             "TORCH_INDEX=https://download.pytorch.org/whl/cpu"],
-                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                           cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     assert "--index-url https://download.pytorch.org/whl/cpu \"torch==2.13.0\"" in index
-    bad = subprocess.run(["make", "-n", "study", "STACK=cuda"], cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(["make", "-n", "study", "STACK=cuda"], cwd=ROOT, capture_output=True,
+                         text=True, env=env)
     assert bad.returncode != 0 and "STACK must be cpu, nvidia or node" in bad.stderr

@@ -218,7 +218,7 @@ def rope_variant(name: str) -> dict:
                         "one Triton launch in place on the packed qkv's q|k heads; cos/sin in the data's "
                         "dtype (its kernel requires it: bf16 on bf16 data), built once per freqs_cis",
             packed_fn=vllm_rotary_qkv_packed, packed_only=True, triton_kernels=("rotary_kernel",),
-            rotations=("pairs", "half"))),
+            rotations=("pairs", "half"), table_in_data_dtype=True)),
         "vllm_merged": (rotary_source, dict(
             fn=vllm_merged_rope, launches=8, launches_fp32=4,
             description="the path PR #50400 merged, with vLLM's bundled flash-attention rotary kernel: "
