@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rope_kernels.correctness import lowp_tolerance, new_seed
-from rope_kernels.kernels.qkv_gemm import NVIDIA_HALF_CONFIG, QKVGemmConfig, qkv_rope_linear
+from rope_kernels.kernels.qkv_gemm import (AMD_HALF_CONFIG, NVIDIA_HALF_CONFIG, QKVGemmConfig,
+                                           qkv_rope_linear)
 from rope_kernels.kernels.reference import cos_sin_views, native_rope
 from rope_kernels.qkv import qkv_rope, qkv_rope_operands, resolve_backend
 
@@ -59,8 +60,8 @@ def _err(out, ref):
     return (out.double() - ref).abs().max().item()
 
 
-@pytest.mark.parametrize("config", [None, SMALL, NVIDIA_HALF_CONFIG],
-                         ids=["default", "16-col-tiles", "nvidia-half"])
+@pytest.mark.parametrize("config", [None, SMALL, NVIDIA_HALF_CONFIG, AMD_HALF_CONFIG],
+                         ids=["default", "16-col-tiles", "nvidia-half", "amd-half"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("head_dim", [8, 12, 72])
 def test_rotate_half_matches_float64(head_dim, dtype, config):

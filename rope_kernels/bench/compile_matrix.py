@@ -86,6 +86,7 @@ class KernelEntry:
     launch: Callable[[int, int, int, torch.dtype], None]
     dtypes: Sequence[str] = DTYPES
     heads_by_head_dim: dict[int, Sequence[int]] | None = None  # None: the study's shapes
+    backends: Sequence[str] = ("hip", "cuda")  # the targets it is compiled for, by backend
 
 
 def _packed_qk(tokens: int, heads: int, head_dim: int, dtype: torch.dtype):
@@ -101,6 +102,13 @@ def _launch_fused(tokens, heads, head_dim, dtype):
     from rope_kernels.variants import fused_rope
 
     fused_rope(*_packed_qk(tokens, heads, head_dim, dtype))
+
+
+def _launch_fused_half(tokens, heads, head_dim, dtype):
+    """Rotate-half (Qwen's towers) as the microbench hands it over: the halves layout."""
+    from rope_kernels.variants import fused_rope
+
+    fused_rope(*_packed_qk(tokens, heads, head_dim, dtype), rotation="half")
 
 
 def _launch_fused_tiles(tokens, heads, head_dim, dtype):
@@ -152,6 +160,31 @@ def _qkv_gemm_launch(use_tma: bool):
 QKV_GEMM_SHAPES = {72: (16,)}
 
 
+def _qkv_gemm_half_launch(amd: bool):
+    """The Triton QKV GEMM with the rotate-half epilogue (its reordered columns) as
+    ``qkv_rope_linear(rotation="half")`` launches it: on an NVIDIA GPU at
+    ``NVIDIA_HALF_CONFIG`` (pointer loads), on an AMD GPU at the AMD config; at the tower's
+    own hidden width."""
+    def launch(tokens, heads, head_dim, dtype):
+        from rope_kernels.kernels.qkv_gemm import qkv_gemm_config, qkv_rope_linear
+        from rope_kernels.towers import TOWERS
+
+        hidden = next(t.hidden for t in TOWERS.values()
+                      if t.rotation == "half" and t.head_dim == head_dim and t.heads == heads)
+        x = torch.empty(tokens, hidden, dtype=dtype, device="meta")
+        w = torch.empty(3 * heads * head_dim, hidden, dtype=dtype, device="meta")
+        b = torch.empty(3 * heads * head_dim, dtype=dtype, device="meta")
+        _, _, freqs_cis = _packed_qk(tokens, heads, head_dim, dtype)
+        config = qkv_gemm_config(heads, head_dim, torch.device("cuda"), x.element_size(),
+                                 amd=amd, rotation="half")
+        qkv_rope_linear(x, w, b, freqs_cis.real, freqs_cis.imag, config=config, rotation="half")
+    return launch
+
+
+# Qwen's rotate-half towers: Qwen3-VL 16 x 72, Qwen2.5-VL 16 x 80 (towers.TOWERS).
+HALF_SHAPES = {72: (16,), 80: (16,)}
+
+
 def _qkv_config_launch(config):
     """``qkv_rope_linear`` at ``config`` through TMA."""
     def launch(tokens, heads, head_dim, dtype):
@@ -187,6 +220,9 @@ KERNELS = (
     # what fused_qk_rope launches (whole-token rows, fused_launch_config)
     KernelEntry("fused", "rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel",
                 _launch_fused),
+    # rotate-half (Qwen's towers): the halves layout fused_qk_rope(rotation="half") launches
+    KernelEntry("fused_half", "rope_kernels.kernels.fused", "_fused_qk_rope_rows_kernel",
+                _launch_fused_half, dtypes=("bfloat16", "float16"), heads_by_head_dim=HALF_SHAPES),
     # the tiles candidate (the earlier default, fused_candidates.py) at Kimi's shapes
     KernelEntry("fused_tiles", "rope_kernels.bench.fused_candidates",
                 "_fused_qk_rope_tiles_kernel", _launch_fused_tiles, dtypes=("bfloat16",),
@@ -201,6 +237,13 @@ KERNELS = (
     KernelEntry("qkv_gemm_pointers", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
                 _qkv_gemm_launch(use_tma=False), dtypes=("bfloat16",),
                 heads_by_head_dim=QKV_GEMM_SHAPES),
+    # the QKV GEMM with the rotate-half epilogue (qkv_rope(rotation="half"), triton_table)
+    KernelEntry("qkv_gemm_half", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
+                _qkv_gemm_half_launch(amd=False), dtypes=("bfloat16",),
+                heads_by_head_dim=HALF_SHAPES, backends=("cuda",)),
+    KernelEntry("qkv_gemm_half_amd", "rope_kernels.kernels.qkv_gemm", "_qkv_rope_kernel",
+                _qkv_gemm_half_launch(amd=True), dtypes=("bfloat16",),
+                heads_by_head_dim=HALF_SHAPES, backends=("hip",)),
     # the NVIDIA angles default's kernel (_qkv_nvidia_default_kernel: persistent)
     KernelEntry("qkv_gemm_tma", "rope_kernels.kernels.qkv_gemm", _qkv_nvidia_default_kernel(),
                 _qkv_gemm_launch(use_tma=True), dtypes=("bfloat16",),
@@ -327,7 +370,7 @@ def compile_matrix(kernels: Sequence[KernelEntry] = KERNELS,
             for heads in heads_list:
                 for dtype in entry.dtypes:
                     kernel, args, kwargs = recorded_launch(entry, TOKENS, heads, head_dim, dtype)
-                    for target in targets:
+                    for target in (t for t in targets if t.backend in entry.backends):
                         row = {"kernel": entry.name, "triton_kernel": entry.kernel,
                                "target": target.label, "backend": target.backend,
                                "warp_size": target.warp_size, "gpus": target.gpus,

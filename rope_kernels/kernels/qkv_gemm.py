@@ -489,6 +489,11 @@ NVIDIA_ANGLES_CONFIG = QKVGemmConfig(group_m=16, persistent=True, programs_per_s
 # the column map's addresses on top of the pointer path's spill at 4 warps at sm_90
 # (``compile_matrix``), not at 8; not timed yet
 NVIDIA_HALF_CONFIG = QKVGemmConfig(num_warps=8, use_tma=False)
+# AMD's rotate-half: 64-column tiles. At 128 columns (the pairs' AMD config) the reordered
+# columns' index math spills registers on gfx942 (compiled here: data/compile/compile_matrix.csv,
+# rows qkv_gemm_half_amd); 64 columns compile without a spill on gfx942 and gfx90a. Not timed
+# on an AMD GPU.
+AMD_HALF_CONFIG = QKVGemmConfig(block_n=64, num_stages=2, num_warps=8)
 
 
 def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
@@ -498,7 +503,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
 
     NVIDIA GPUs: ``NVIDIA_ANGLES_CONFIG`` for the angles path, ``NVIDIA_TABLE_CONFIG``
     for the table (see there); measured at Kimi's shape only; ``NVIDIA_HALF_CONFIG`` for
-    the table's ``rotation="half"``. AMD GPUs (``amd``; None:
+    the table's ``rotation="half"`` (``AMD_HALF_CONFIG`` on AMD). AMD GPUs (``amd``; None:
     ROCm builds of torch): 128x128x64 tiles on 8 warps, 2 stages (the operand buffers fill
     the 64 KB of LDS of MI300X/MI250 exactly), one program per tile: 96 registers, no
     spills at gfx942/gfx90a (``compile_matrix``); not measured on an AMD GPU.
@@ -512,7 +517,7 @@ def qkv_gemm_config(heads: int, head_dim: int, device: torch.device,
     if amd is None:
         amd = bool(getattr(torch.version, "hip", None))
     if amd:
-        return QKVGemmConfig(num_stages=2, num_warps=8)
+        return AMD_HALF_CONFIG if half else QKVGemmConfig(num_stages=2, num_warps=8)
     if half:
         return NVIDIA_HALF_CONFIG
     return NVIDIA_ANGLES_CONFIG if angles else NVIDIA_TABLE_CONFIG
