@@ -594,7 +594,8 @@ def _budget(rows: pd.DataFrame, reg_name: str) -> str:
     return ", ".join([f"{_range(rows['registers'])} {reg_name}",
                       "no spills" if spilled.empty else f"spills in {len(spilled)} of {len(rows)}",
                       "no scratch" if (scratch == 0).all() else f"{_range(scratch)} B of scratch",
-                      f"{_bytes(hi)} of {memory}" if lo == hi else f"{_bytes(lo)} to {_bytes(hi)} of {memory}"])
+                      f"{_bytes(hi)} of {memory}" if _bytes(lo) == _bytes(hi)
+                      else f"{_bytes(lo)} to {_bytes(hi)} of {memory}"])
 
 
 def readme_block(table: pd.DataFrame) -> str:
@@ -636,6 +637,19 @@ def readme_block(table: pd.DataFrame) -> str:
         rows = nv[nv["kernel"] == name]
         if len(rows):
             lines.append(f"- NVIDIA sm_90/sm_100: {what} {_budget(rows, 'registers')}.")
+    half = table[table["kernel"] == "fused_half"]
+    if len(half):
+        lines.append("- Rotate-half (Qwen's towers, `fused_half`: the halves layout at "
+                     + ", ".join(f"{h} x {d}" for h, d in sorted(set(zip(half["heads"], half["head_dim"]))))
+                     + f"): AMD {_budget(half[half['backend'] == 'hip'], 'VGPRs')}; NVIDIA "
+                     f"{_budget(half[half['backend'] == 'cuda'], 'registers')}.")
+    for name, side, what in (("qkv_gemm_half", nv, "NVIDIA sm_90/sm_100 (`NVIDIA_HALF_CONFIG`)"),
+                             ("qkv_gemm_half_amd", amd, "AMD gfx942/gfx90a (`AMD_HALF_CONFIG`)")):
+        rows = side[side["kernel"] == name]
+        if len(rows):
+            unit = "VGPRs" if side is amd else "registers"
+            lines.append(f"- {what}: the QKV GEMM with the rotate-half epilogue (`{name}`) "
+                         f"{_budget(rows, unit)}; compiled, never run on that GPU.")
     for target, gpu in (("sm_90", "H100/H200"), ("sm_100", "B200")):
         rows = nv[(nv["target"] == target) & (nv["kernel"] == "qkv_gemm_tma")]
         if len(rows):
