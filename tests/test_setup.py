@@ -174,6 +174,12 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^test:", makefile, re.M) and re.search(r"^study:", makefile, re.M)
 
 
+# What an enclosing make hands its recipes' environment: its flags and its command-line
+# variables, among them every one the Makefile sets with ``?=`` (read from it here).
+MAKE_INHERITED = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"} | set(
+    re.findall(r"^([A-Z_]+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
+
+
 @pytest.mark.parametrize("stack, constraints, torch_spec, extras", [
     ("cpu", "constraints-cpu.txt", "torch==2.13.0", "notebooks,test,peers"),
     ("nvidia", "constraints-gpu.txt", "torch==2.11.0", "notebooks,test,peers,gpu"),
@@ -182,10 +188,10 @@ def test_ci_runs_the_readme_test_command():
 def test_makefile_installs_each_stack_with_its_pins(tmp_path, stack, constraints, torch_spec, extras):
     """``make -n``: the commands the install would run, nothing run. The make that runs
     these tests (``make test-newest`` sets CONSTRAINTS and TORCH_SPEC on its command line)
-    must not hand its variables down: MAKEFLAGS and friends are left out."""
+    must not hand its variables down: a command-line variable reaches the tests' environment
+    and would win over the Makefile's ``?=`` defaults, so those and MAKEFLAGS are left out."""
     venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL",
-                                                            "MAKEOVERRIDES")}
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_INHERITED}
     out = subprocess.run(["make", "-n", f"{venv}/.installed", f"VENV={venv}", f"STACK={stack}"],
                          cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
     pip = [line for line in out.splitlines() if " -m pip install" in line]
