@@ -234,3 +234,19 @@ def test_tower_lines_ship_whichever_is_ahead_beyond_noise():
     assert "ship ours" in tower_ship_lines(rows((10, 9.9, 10.1), (12, 11.9, 12.1)))[0]
     assert "ship QuACK" in tower_ship_lines(rows((12, 11.9, 12.1), (10, 9.9, 10.1)))[0]
     assert "within noise" in tower_ship_lines(rows((10, 9, 11), (10.2, 9.5, 11)))[0]
+
+
+def test_rotate_half_rows_of_a_superseded_kernel_say_so_and_newer_rows_do_not():
+    """The committed rotate-half rows time a layout the code has since replaced: the first
+    screen says so for that commit's rows; rows of any other commit get no note."""
+    micro = pd.read_csv(Path(S.__file__).resolve().parents[2] / "data" / DEVICE / "microbench.csv")
+    half = micro[micro["rotation"] == "half"]
+    superseded = [c for c in half["git_commit"].astype(str).unique() if c in S.SUPERSEDED_ROWS]
+    notes = S.superseded_lines(micro)
+    assert len(notes) == len(superseded)
+    if superseded:
+        assert all("has not run on a GPU yet" in n for n in notes)
+        assert all(n in S.readme_block({"microbench.csv": micro}, DEVICE) for n in notes)
+    newer = micro.assign(git_commit="0123456789ab")
+    assert S.superseded_lines(newer) == []
+    assert S.superseded_lines(micro[micro["rotation"] == "pairs"]) == []

@@ -689,10 +689,33 @@ def readme_block(files: dict, device: str) -> str:
         lines += ["", "**Per vision tower** (our fused kernel against the fastest engine kernel of the same "
                   "kind, at the tower's largest timed token count, CUDA graphs, cold L2, medians):", ""]
         lines += [f"- {s}" for s in towers]
+        lines += [f"- {s}" for s in superseded_lines(files.get("microbench.csv"))]
     lines += ["", "**Run it:** `make study` (every notebook on this machine's device; reports in "
               "`reports/<device>/`, open `reports/index.html`) and `make test` (the CPU tier under Triton's "
               "interpreter, then the notebooks)."]
     return "\n".join(lines) + "\n"
+
+
+# Rows whose kernel has since been replaced in the code, by the commit that timed them: what
+# they time and what replaced it. A fact about a commit's rows, so it goes with them: rows of a
+# newer commit never get the note.
+SUPERSEDED_ROWS = {
+    "d58898b98eda": (
+        "the rotate-half rows above time the fused kernel's earlier rotate-half layout (each "
+        "element's partner loaded by address, cos/sin gathered per element); the halves layout "
+        "that replaced it (`fused._rotate_halves_rows`, docs/DECISIONS.md \"Rotate-half layout\") "
+        "has not run on a GPU yet: re-time (notebook 02) before shipping on these lines"),
+}
+
+
+def superseded_lines(micro) -> list[str]:
+    """A note per commit of the rotate-half rows whose kernel the code has replaced since
+    (``SUPERSEDED_ROWS``)."""
+    if not isinstance(micro, pd.DataFrame) or micro.empty or "rotation" not in micro:
+        return []
+    commits = micro.loc[micro["rotation"] == "half", "git_commit"].dropna().astype(str).unique()
+    return [f"Rows of commit `{c}`: {SUPERSEDED_ROWS[c]}." for c in sorted(commits)
+            if c in SUPERSEDED_ROWS]
 
 
 def tower_ship_lines(files: dict) -> list[str]:
