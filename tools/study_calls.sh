@@ -16,7 +16,9 @@
 # aiconfigurator's tables (without .carry/c, 04 falls back to the hand model and says so). S is A
 # without notebooks (when A's results come from an earlier machine: see .carry/res below).
 # STUDY_ARGS (optional): extra arguments for every notebook's `rope_kernels run` (e.g. a shorter
-# profile for the device time left: -p 04_ttft.resolutions=[1024x1024]); the executed notebooks (reports) record them.
+# profile for the device time left: -p 04_ttft.resolutions=[1024x1024], or the trimmed overlay
+# --params params/cuda-short.yaml, about 1,100 s of device time for all six notebooks by its own
+# estimate); the executed notebooks (reports) record them.
 # <commit> is `git rev-parse --short=12 HEAD` of the clean commit the tree is (every row
 # records it: ROPE_STUDY_COMMIT).
 #
