@@ -111,6 +111,40 @@ def _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
 
 
 @triton.jit
+def _load_row_chunk(q_tok, k_tok, cos_tok, sin_tok, e, mask, q_stride_h, k_stride_h,
+                    cos_stride_d, sin_stride_d, BLOCK_T: tl.constexpr, WIDTH: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, VEC: tl.constexpr, HEADS_ADJACENT: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, EVICTION: tl.constexpr):
+    """A chunk of q's and k's row elements ``e`` and their pairs' cos/sin (sin negated for
+    the inverse rotation)."""
+    q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                mask=mask, other=0.0, eviction_policy=EVICTION)
+    k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+                mask=mask, other=0.0, eviction_policy=EVICTION)
+    cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
+                            BLOCK_T, WIDTH, HEAD_DIM, INTERLEAVED)
+    if INVERSE:
+        sin = -sin
+    return q, k, cos, sin
+
+
+@triton.jit
+def _store_row_chunk(qo_tok, ko_tok, q, k, cos, sin, e, mask, qo_stride_h, ko_stride_h,
+                     BLOCK_T: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     VEC: tl.constexpr, HEADS_ADJACENT: tl.constexpr, PAIR_FN: tl.constexpr,
+                     STORE_CACHE: tl.constexpr):
+    """A chunk through ``PAIR_FN`` (pairs: a pair's partner is in the chunk's own registers,
+    so ``partner`` is the chunk), stored at the outputs' row elements ``e``."""
+    out_ty = qo_tok.dtype.element_ty
+    tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+             PAIR_FN(q, q, e, cos, sin, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
+    tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
+             PAIR_FN(k, k, e, cos, sin, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty), mask=mask,
+             cache_modifier=STORE_CACHE)
+
+
+@triton.jit
 def _half_cos_sin(cos_tok, sin_tok, j, ok, cos_stride_d, sin_stride_d, BLOCK_T: tl.constexpr,
                   HEADS_BLOCK: tl.constexpr, WIDTH: tl.constexpr, INTERLEAVED: tl.constexpr):
     """cos and sin of columns ``j`` (BLOCK_T, HEADS_BLOCK, WIDTH; the same for every head).
@@ -125,6 +159,43 @@ def _half_cos_sin(cos_tok, sin_tok, j, ok, cos_stride_d, sin_stride_d, BLOCK_T: 
         c = tl.load(cos_tok + j * cos_stride_d, mask=ok, other=0.0)
         s = tl.load(sin_tok + j * sin_stride_d, mask=ok, other=0.0)
     return c, s
+
+
+@triton.jit
+def _load_half_columns(q_row, k_row, cos_tok, sin_tok, j, ok, cos_stride_d, sin_stride_d,
+                       BLOCK_T: tl.constexpr, HEADS_BLOCK: tl.constexpr, WIDTH: tl.constexpr,
+                       HALF: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr,
+                       EVICTION: tl.constexpr):
+    """Columns ``j`` of q's and k's first and second halves (every head) and their cos/sin
+    (sin negated for the inverse rotation)."""
+    q1 = tl.load(q_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    q2 = tl.load(q_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    k1 = tl.load(k_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    k2 = tl.load(k_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
+    c, s = _half_cos_sin(cos_tok, sin_tok, j, ok, cos_stride_d, sin_stride_d,
+                         BLOCK_T, HEADS_BLOCK, WIDTH, INTERLEAVED)
+    if INVERSE:
+        s = -s
+    return q1, q2, k1, k2, c, s
+
+
+@triton.jit
+def _store_half_columns(qo_row, ko_row, q1, q2, k1, k2, c, s, j, ok, BLOCK_T: tl.constexpr,
+                        WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr, PAIR_FN: tl.constexpr,
+                        STORE_CACHE: tl.constexpr):
+    """Each half's columns ``j`` through ``PAIR_FN`` (its partner: the other half's same
+    columns; ``PAIR_FN``'s element index within the head: j in the first half, j + D/2 in the
+    second), stored where they came from."""
+    out_ty = qo_row.dtype.element_ty
+    HALF: tl.constexpr = HEAD_DIM // 2
+    tl.store(qo_row + j, PAIR_FN(q1, q2, j, c, s, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(qo_row + HALF + j, PAIR_FN(q2, q1, j + HALF, c, s, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(ko_row + j, PAIR_FN(k1, k2, j, c, s, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
+    tl.store(ko_row + HALF + j, PAIR_FN(k2, k1, j + HALF, c, s, BLOCK_T, WIDTH, HEAD_DIM).to(out_ty),
+             mask=ok, cache_modifier=STORE_CACHE)
 
 
 @triton.jit
@@ -149,48 +220,24 @@ def _rotate_halves_rows(q_tok, k_tok, qo_tok, ko_tok, cos_tok, sin_tok, token_ok
     ko_row = ko_tok + h * (ko_stride_h * VEC)
     HALF: tl.constexpr = HEAD_DIM // 2
 
+    # all loads before any store (in place, a head's halves are read before either is written)
     j = tl.arange(0, MAIN)[None, None, :]
     ok = ok_h & (j < HALF)
-    q1 = tl.load(q_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
-    q2 = tl.load(q_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
-    k1 = tl.load(k_row + j, mask=ok, other=0.0, eviction_policy=EVICTION)
-    k2 = tl.load(k_row + HALF + j, mask=ok, other=0.0, eviction_policy=EVICTION)
-    c, s = _half_cos_sin(cos_tok, sin_tok, j + h * 0, ok, cos_stride_d, sin_stride_d,
-                         BLOCK_T, HEADS_BLOCK, MAIN, INTERLEAVED)
-    if INVERSE:
-        s = -s
+    q1, q2, k1, k2, c, s = _load_half_columns(q_row, k_row, cos_tok, sin_tok, j + h * 0, ok,
+                                              cos_stride_d, sin_stride_d, BLOCK_T, HEADS_BLOCK,
+                                              MAIN, HALF, INTERLEAVED, INVERSE, EVICTION)
     if REST > 0:
         j2 = MAIN + tl.arange(0, REST)[None, None, :]
         ok2 = ok_h & (j2 < HALF)
-        q3 = tl.load(q_row + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
-        q4 = tl.load(q_row + HALF + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
-        k3 = tl.load(k_row + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
-        k4 = tl.load(k_row + HALF + j2, mask=ok2, other=0.0, eviction_policy=EVICTION)
-        c2, s2 = _half_cos_sin(cos_tok, sin_tok, j2 + h * 0, ok2, cos_stride_d, sin_stride_d,
-                               BLOCK_T, HEADS_BLOCK, REST, INTERLEAVED)
-        if INVERSE:
-            s2 = -s2
-
-    out_ty = qo_tok.dtype.element_ty
-    tl.store(qo_row + j, PAIR_FN(q1, q2, j, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
-             mask=ok, cache_modifier=STORE_CACHE)
-    tl.store(qo_row + HALF + j, PAIR_FN(q2, q1, j + HALF, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
-             mask=ok, cache_modifier=STORE_CACHE)
-    tl.store(ko_row + j, PAIR_FN(k1, k2, j, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
-             mask=ok, cache_modifier=STORE_CACHE)
-    tl.store(ko_row + HALF + j, PAIR_FN(k2, k1, j + HALF, c, s, BLOCK_T, MAIN, HEAD_DIM).to(out_ty),
-             mask=ok, cache_modifier=STORE_CACHE)
+        q3, q4, k3, k4, c2, s2 = _load_half_columns(q_row, k_row, cos_tok, sin_tok, j2 + h * 0,
+                                                    ok2, cos_stride_d, sin_stride_d, BLOCK_T,
+                                                    HEADS_BLOCK, REST, HALF, INTERLEAVED,
+                                                    INVERSE, EVICTION)
+    _store_half_columns(qo_row, ko_row, q1, q2, k1, k2, c, s, j, ok, BLOCK_T, MAIN, HEAD_DIM,
+                        PAIR_FN, STORE_CACHE)
     if REST > 0:
-        tl.store(qo_row + j2, PAIR_FN(q3, q4, j2, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
-                 mask=ok2, cache_modifier=STORE_CACHE)
-        tl.store(qo_row + HALF + j2,
-                 PAIR_FN(q4, q3, j2 + HALF, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
-                 mask=ok2, cache_modifier=STORE_CACHE)
-        tl.store(ko_row + j2, PAIR_FN(k3, k4, j2, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
-                 mask=ok2, cache_modifier=STORE_CACHE)
-        tl.store(ko_row + HALF + j2,
-                 PAIR_FN(k4, k3, j2 + HALF, c2, s2, BLOCK_T, REST, HEAD_DIM).to(out_ty),
-                 mask=ok2, cache_modifier=STORE_CACHE)
+        _store_half_columns(qo_row, ko_row, q3, q4, k3, k4, c2, s2, j2, ok2, BLOCK_T, REST,
+                            HEAD_DIM, PAIR_FN, STORE_CACHE)
 
 
 @triton.jit(do_not_specialize=["n_tokens"])
@@ -246,41 +293,23 @@ def _fused_qk_rope_rows_kernel(
             mask = token_ok & (e < ROW)
         else:
             mask = token_ok
-        q = tl.load(q_tok + _row_offsets(e, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                    mask=mask, other=0.0, eviction_policy=EVICTION)
-        k = tl.load(k_tok + _row_offsets(e, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                    mask=mask, other=0.0, eviction_policy=EVICTION)
-        cos, sin = _row_cos_sin(cos_tok, sin_tok, e, mask, cos_stride_d, sin_stride_d,
-                                BLOCK_T, MAIN, HEAD_DIM, INTERLEAVED)
-        if INVERSE:
-            sin = -sin
+        q, k, cos, sin = _load_row_chunk(q_tok, k_tok, cos_tok, sin_tok, e, mask, q_stride_h,
+                                         k_stride_h, cos_stride_d, sin_stride_d, BLOCK_T, MAIN,
+                                         HEAD_DIM, VEC, HEADS_ADJACENT, INTERLEAVED, INVERSE,
+                                         EVICTION)
         if REST > 0:
             e2 = MAIN + tl.arange(0, REST)[None, :]
             mask2 = token_ok & (e2 < ROW)
-            q2 = tl.load(q_tok + _row_offsets(e2, q_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                         mask=mask2, other=0.0, eviction_policy=EVICTION)
-            k2 = tl.load(k_tok + _row_offsets(e2, k_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                         mask=mask2, other=0.0, eviction_policy=EVICTION)
-            cos2, sin2 = _row_cos_sin(cos_tok, sin_tok, e2, mask2, cos_stride_d, sin_stride_d,
-                                      BLOCK_T, REST, HEAD_DIM, INTERLEAVED)
-            if INVERSE:
-                sin2 = -sin2
-
-        out_ty = q_out_ptr.dtype.element_ty
-        # pairs: a pair's partner is in the chunk's own registers (``partner`` = the chunk)
-        tl.store(qo_tok + _row_offsets(e, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(q, q, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
-                 cache_modifier=STORE_CACHE)
-        tl.store(ko_tok + _row_offsets(e, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                 PAIR_FN(k, k, e, cos, sin, BLOCK_T, MAIN, HEAD_DIM).to(out_ty), mask=mask,
-                 cache_modifier=STORE_CACHE)
+            q2, k2, cos2, sin2 = _load_row_chunk(q_tok, k_tok, cos_tok, sin_tok, e2, mask2,
+                                                 q_stride_h, k_stride_h, cos_stride_d,
+                                                 sin_stride_d, BLOCK_T, REST, HEAD_DIM, VEC,
+                                                 HEADS_ADJACENT, INTERLEAVED, INVERSE, EVICTION)
+        _store_row_chunk(qo_tok, ko_tok, q, k, cos, sin, e, mask, qo_stride_h, ko_stride_h,
+                         BLOCK_T, MAIN, HEAD_DIM, VEC, HEADS_ADJACENT, PAIR_FN, STORE_CACHE)
         if REST > 0:
-            tl.store(qo_tok + _row_offsets(e2, qo_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     PAIR_FN(q2, q2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
-                     cache_modifier=STORE_CACHE)
-            tl.store(ko_tok + _row_offsets(e2, ko_stride_h, VEC, HEAD_DIM, HEADS_ADJACENT),
-                     PAIR_FN(k2, k2, e2, cos2, sin2, BLOCK_T, REST, HEAD_DIM).to(out_ty), mask=mask2,
-                     cache_modifier=STORE_CACHE)
+            _store_row_chunk(qo_tok, ko_tok, q2, k2, cos2, sin2, e2, mask2, qo_stride_h,
+                             ko_stride_h, BLOCK_T, REST, HEAD_DIM, VEC, HEADS_ADJACENT, PAIR_FN,
+                             STORE_CACHE)
 
 
 def head_dim_chunks(head_dim: int) -> tuple[int, int]:
