@@ -58,8 +58,10 @@ from rope_kernels.correctness import check_variant
 from rope_kernels.bench.correctness_sweep import absent, correctness_rows
 from rope_kernels.bench.microbench import Shape, make_arg_sets, parse_dtype
 from rope_kernels.bench.timing import time_fn
-from rope_kernels.kernels.fused import (_fused_qk_rope_rows_kernel, _row_cos_sin, _row_offsets,
-                                        _rotate_row_pairs, fused_launch_config, rows_launch_config)
+from rope_kernels.kernels.fused import (_fused_qk_rope_rows_kernel, _load_row_chunk, _row_cos_sin,
+                                        _row_offsets, _rotate_halves_rows, _rotate_row_half,
+                                        _rotate_row_pairs, _store_row_chunk, fused_launch_config,
+                                        rows_launch_config)
 from rope_kernels.study.devices import data_line, provenance
 from rope_kernels.study.notebooks import check_parameters, notebook_setup, show_source
 from rope_kernels.study.plots import with_units
@@ -88,14 +90,20 @@ show_source(native_rope)
 # by two power-of-two chunks (16 x 72 = 1152 = 1024 + 128). A pair's cos/sin is fetched by its
 # index within its head, straight from `freqs_cis` (strided views, no copy; cos and sin
 # interleaved there, so one contiguous load), in q's own layout; every head re-reads the
-# token's values from L1. The math is fp32 whatever the data type. Rendered from the
-# library's source:
+# token's values from L1. The math is fp32 whatever the data type. Rotate-half (Qwen's towers,
+# `rotation="half"`) tiles a token as every head's two halves at the same columns
+# (`_rotate_halves_rows`), so a pair sits in one thread and its cos/sin are one load per column.
+# Rendered from the library's source:
 
 # %%
 show_source(_rotate_row_pairs)
 show_source(_row_offsets)
 show_source(_row_cos_sin)
+show_source(_load_row_chunk)
+show_source(_store_row_chunk)
 show_source(_fused_qk_rope_rows_kernel)
+show_source(_rotate_row_half)
+show_source(_rotate_halves_rows)
 
 # %% [markdown]
 # The launch settings come from a small documented heuristic, not autotuning, so one compile
