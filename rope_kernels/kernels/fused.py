@@ -351,8 +351,12 @@ def vector_width(tensors, element_size: int) -> int:
 def half_vector_width(tensors, element_size: int, head_dim: int) -> int:
     """Rotate-half: ``vector_width`` that also divides D/2, so a head's first and second
     half start on the same vector boundary (72 -> 36: 4 bf16 elements, 8 bytes)."""
-    vec = vector_width(tensors, element_size)
-    while vec > 1 and (head_dim // 2) % vec:
+    return _halving_to_divide(vector_width(tensors, element_size), head_dim // 2)
+
+
+def _halving_to_divide(vec: int, n: int) -> int:
+    """``vec`` halved until it divides ``n`` (at least 1)."""
+    while vec > 1 and n % vec:
         vec //= 2
     return vec
 
@@ -436,9 +440,7 @@ def rows_launch_config(heads: int, head_dim: int, element_size: int,
     row_bytes = heads * head_dim * element_size
     block_t = 1 << max(0, (tile_bytes // row_bytes).bit_length() - 1)
     if rotation == "half":
-        vec = 16 // element_size if element_size <= 16 else 1
-        while vec > 1 and (head_dim // 2) % vec:
-            vec //= 2
+        vec = _halving_to_divide(max(16 // element_size, 1), head_dim // 2)
         main, _ = head_dim_chunks(max(head_dim // 2, 1))
         vectors = block_t * (1 << (heads - 1).bit_length()) * max(main // vec, 1)
     else:
